@@ -1,0 +1,78 @@
+"""omni-trio: multi-stage, multi-process model-serving pipelines on trio.
+
+Everything users need is importable from here::
+
+    import omni_trio as ot
+
+    config = ot.PipelineConfig(entry_stage="a", stages=[ot.StageConfig(...), ...])
+    async with ot.open_pipeline(config) as pipeline:
+        result = await pipeline.submit("r0", "hello")
+"""
+
+from omni_trio.config import CommConfig, EndpointsConfig, PipelineConfig, StageConfig, StreamDeliveryConfig
+from omni_trio.coordinator import Coordinator, PipelineStats, RequestStream
+from omni_trio.errors import (
+    ConfigError,
+    ConfigProblem,
+    DuplicateRequestId,
+    OmniTrioError,
+    PipelineClosed,
+    RequestAborted,
+    RequestError,
+    RequestFailed,
+    RequestTimeout,
+    StageProcessDied,
+    StageStartupError,
+)
+from omni_trio.events import CompleteMessage, StreamMessage
+from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
+from omni_trio.runtime import open_pipeline
+from omni_trio.scheduling import (
+    IncomingMessage,
+    OutgoingMessage,
+    SessionScheduler,
+    SimpleScheduler,
+    StageScheduler,
+    StreamingSimpleScheduler,
+    ThreadedSimpleScheduler,
+)
+from omni_trio.stage.stage import StageStats
+from omni_trio.tracing import read_trace
+
+__all__ = [
+    "CommConfig",
+    "CompleteMessage",
+    "ConfigError",
+    "ConfigProblem",
+    "Coordinator",
+    "DuplicateRequestId",
+    "EndpointsConfig",
+    "IncomingMessage",
+    "OmniRequest",
+    "OmniTrioError",
+    "OutgoingMessage",
+    "PipelineClosed",
+    "PipelineConfig",
+    "PipelineStats",
+    "RequestAborted",
+    "RequestError",
+    "RequestFailed",
+    "RequestStream",
+    "RequestTimeout",
+    "RoutedPayloads",
+    "SessionScheduler",
+    "SimpleScheduler",
+    "StageConfig",
+    "StagePayload",
+    "StageProcessDied",
+    "StageScheduler",
+    "StageStartupError",
+    "StageStats",
+    "StreamDeliveryConfig",
+    "StreamItem",
+    "StreamMessage",
+    "StreamingSimpleScheduler",
+    "ThreadedSimpleScheduler",
+    "open_pipeline",
+    "read_trace",
+]

@@ -1,0 +1,412 @@
+"""Pipeline configuration: attrs classes, and validation that reports every problem.
+
+``PipelineConfig(...)`` validates the stage graph on construction and raises
+:class:`~omni_trio.errors.ConfigError` listing every problem with its path.
+Hooks are dotted paths (``"pkg.module.attr"``) so a config can cross into
+worker processes; a module-level function is accepted too and stored as its
+dotted path. Whether the paths import is checked by :func:`check_imports`
+when a pipeline opens.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from omni_trio.errors import ConfigError, ConfigProblem
+from omni_trio.tracing import get_logger
+
+log = get_logger(__name__)
+
+
+def dotted_path(value: Any) -> Any:
+    """Store a module-level callable as its dotted path; leave anything else as is."""
+    if callable(value) and not isinstance(value, str):
+        module = getattr(value, "__module__", None)
+        qualname = getattr(value, "__qualname__", "")
+        if module is None or "<" in qualname:
+            # Validation reports it with its path; a lambda or closure cannot be
+            # imported in another process.
+            return value
+        return f"{module}.{qualname}"
+    return value
+
+
+def _optional_dotted(value: Any) -> Any:
+    return None if value is None else dotted_path(value)
+
+
+def _name_list(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return value
+
+
+def _hook_map(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: dotted_path(hook) for key, hook in value.items()}
+    return value
+
+
+@attrs.frozen
+class CommConfig:
+    """Data-plane settings of one stage's outgoing edges.
+
+    ``slot_size_mb`` caps one transfer (a larger payload fails its request);
+    ``credits`` is the number of transfers to one target that may be
+    outstanding (sent, not yet acknowledged) before the sender waits.
+    """
+
+    slot_size_mb: int = 512
+    credits: int = 2
+
+
+@attrs.frozen
+class EndpointsConfig:
+    """Where the per-run IPC directory is created (``None``: the system temp dir)."""
+
+    base_path: str | None = None
+
+
+@attrs.frozen
+class StreamDeliveryConfig:
+    """Limits on stream output buffered for callers that read slowly."""
+
+    max_total_backlog_bytes: int = 1 << 30
+
+
+@attrs.frozen
+class StageConfig:
+    """One stage: its scheduler factory, its placement and its edges.
+
+    Exactly one of ``next`` (downstream stage or stages) and
+    ``terminal=True`` must be given. ``factory`` holds keyword arguments for
+    the factory. ``process=None`` runs the stage inside the caller's process.
+    """
+
+    name: str
+    factory_path: str = attrs.field(converter=dotted_path)
+    factory: dict[str, Any] = attrs.field(factory=dict)
+    process: str | None = None
+    next: str | list[str] | None = attrs.field(default=None, converter=_name_list)
+    terminal: bool = False
+    route_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
+    wait_for: list[str] | None = attrs.field(default=None, converter=_name_list)
+    merge_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
+    wait_for_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
+    project_payload: dict[str, str] = attrs.field(factory=dict, converter=_hook_map)
+    stream_to: list[str] = attrs.field(factory=list, converter=_name_list)
+    stream_done_to_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
+    can_accept_stream_before_payload: bool = False
+    disable_direct_cuda_ipc_payload: bool = False
+    gpu: int | None = None
+    comm: CommConfig | None = None
+
+    @property
+    def next_stages(self) -> list[str]:
+        """The static downstream stages as a list (empty for a terminal stage)."""
+        if self.next is None:
+            return []
+        return [self.next] if isinstance(self.next, str) else list(self.next)
+
+
+@attrs.frozen
+class PipelineConfig:
+    """A whole pipeline. Validated on construction (see :func:`validate`)."""
+
+    stages: list[StageConfig] = attrs.field(converter=_name_list)
+    entry_stage: str | None = None
+    model_path: str | None = None
+    name: str | None = None
+    terminal_stages_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
+    endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
+    stream_delivery: StreamDeliveryConfig = attrs.field(factory=StreamDeliveryConfig)
+
+    def __attrs_post_init__(self) -> None:
+        problems = validate(self)
+        for problem in problems:
+            if problem.severity == "warning":
+                log.warning("config_warning", path=problem.path, problem=problem.message)
+        errors = [p for p in problems if p.severity == "error"]
+        if errors:
+            raise ConfigError(errors)
+
+    @property
+    def entry(self) -> str:
+        """The entry stage's name (the first stage unless ``entry_stage`` says otherwise)."""
+        return self.entry_stage if self.entry_stage is not None else self.stages[0].name
+
+    @property
+    def terminal_stages(self) -> list[str]:
+        """Names of the stages with ``terminal=True``, in config order."""
+        return [stage.name for stage in self.stages if stage.terminal]
+
+    def stage(self, name: str) -> StageConfig:
+        """The config of the stage called ``name``."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown(name: object, known: set[str]) -> str | None:
+    if not isinstance(name, str):
+        return f"stage names are strings, got {type(name).__name__}"
+    if name not in known:
+        return f"{name!r} is not a stage{_did_you_mean(name, known)}"
+    return None
+
+
+def _check_names(path: str, value: object, known: set[str]) -> list[ConfigProblem]:
+    problems = []
+    if isinstance(value, str):
+        message = _unknown(value, known)
+        if message:
+            problems.append(ConfigProblem(path, message))
+    elif isinstance(value, list):
+        for index, name in enumerate(value):
+            message = _unknown(name, known)
+            if message:
+                problems.append(ConfigProblem(f"{path}[{index}]", message))
+    else:
+        problems.append(
+            ConfigProblem(path, f"expected a stage name or a list of names, got {type(value).__name__}")
+        )
+    return problems
+
+
+def _check_hook_value(path: str, value: object) -> list[ConfigProblem]:
+    if value is None or (isinstance(value, str) and value.count(".") >= 1 and all(value.split("."))):
+        return []
+    if callable(value):
+        return [
+            ConfigProblem(
+                path, f"{value!r} cannot be imported by name; use a module-level function or a dotted path"
+            )
+        ]
+    return [ConfigProblem(path, f"expected a dotted path 'package.module.attr', got {value!r}")]
+
+
+def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[ConfigProblem]:
+    at = f"stages[{index}]"
+    problems: list[ConfigProblem] = []
+    if not isinstance(stage.name, str) or not stage.name:
+        problems.append(ConfigProblem(f"{at}.name", "a stage needs a non-empty string name"))
+    for field in ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
+        problems += _check_hook_value(f"{at}.{field}", getattr(stage, field))
+    if not isinstance(stage.factory, dict):
+        problems.append(ConfigProblem(f"{at}.factory", "expected a dict of factory keyword arguments"))
+    has_next = stage.next is not None and stage.next != []
+    if has_next and stage.terminal:
+        problems.append(ConfigProblem(f"{at}", "set either 'next' or 'terminal=True', not both"))
+    if not has_next and not stage.terminal:
+        problems.append(ConfigProblem(f"{at}", "set 'next' (downstream stages) or 'terminal=True'"))
+    if has_next:
+        problems += _check_names(f"{at}.next", stage.next, known)
+    if stage.route_fn is not None and stage.terminal:
+        problems.append(ConfigProblem(f"{at}.route_fn", "a terminal stage routes nowhere; remove route_fn"))
+    if stage.wait_for is not None:
+        problems += _check_names(f"{at}.wait_for", stage.wait_for, known)
+        if not stage.wait_for:
+            problems.append(ConfigProblem(f"{at}.wait_for", "an empty fan-in waits for nothing; remove it"))
+        if stage.merge_fn is None:
+            problems.append(ConfigProblem(f"{at}.merge_fn", "wait_for needs a merge_fn to combine the inputs"))
+    elif stage.merge_fn is not None:
+        problems.append(ConfigProblem(f"{at}.merge_fn", "merge_fn is only used with wait_for"))
+    if stage.wait_for_fn is not None and stage.wait_for is None:
+        problems.append(ConfigProblem(f"{at}.wait_for_fn", "wait_for_fn needs wait_for (the static sources)"))
+    if not isinstance(stage.project_payload, dict):
+        problems.append(ConfigProblem(f"{at}.project_payload", "expected a map of target stage -> dotted path"))
+    else:
+        for target, hook in stage.project_payload.items():
+            message = _unknown(target, known)
+            if message:
+                problems.append(ConfigProblem(f"{at}.project_payload[{target!r}]", message))
+            elif target not in stage.next_stages:
+                problems.append(
+                    ConfigProblem(f"{at}.project_payload[{target!r}]", f"{target!r} is not in this stage's next")
+                )
+            problems += _check_hook_value(f"{at}.project_payload[{target!r}]", hook)
+    problems += _check_names(f"{at}.stream_to", stage.stream_to, known)
+    if stage.stream_done_to_fn is not None and not stage.stream_to:
+        problems.append(
+            ConfigProblem(f"{at}.stream_done_to_fn", "stream_done_to_fn needs stream_to (the stream targets)")
+        )
+    if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
+        problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
+    return problems
+
+
+def _graph_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    index_of = {stage.name: i for i, stage in enumerate(config.stages)}
+    edges = {
+        stage.name: [n for n in stage.next_stages + stage.stream_to if n in known] for stage in config.stages
+    }
+    for i, stage in enumerate(config.stages):
+        for j, source in enumerate(stage.wait_for or []):
+            if source in known and stage.name not in config.stage(source).next_stages:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].wait_for[{j}]",
+                        f"{source!r} does not route to {stage.name!r}; add it to {source!r}'s next",
+                    )
+                )
+        for target in stage.stream_to:
+            if target in known and not config.stage(target).can_accept_stream_before_payload:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].stream_to",
+                        f"{target!r} may receive chunks before its payload; "
+                        "set can_accept_stream_before_payload=True on it",
+                        severity="warning",
+                    )
+                )
+    entry = config.entry
+    if entry not in known:
+        problems.append(ConfigProblem("entry_stage", f"{entry!r} is not a stage{_did_you_mean(entry, known)}"))
+        return problems
+    reachable, frontier = {entry}, [entry]
+    while frontier:
+        for target in edges[frontier.pop()]:
+            if target not in reachable:
+                reachable.add(target)
+                frontier.append(target)
+    for stage in config.stages:
+        if stage.name not in reachable:
+            problems.append(
+                ConfigProblem(f"stages[{index_of[stage.name]}]", f"{stage.name!r} is unreachable from {entry!r}")
+            )
+    if not any(config.stage(name).terminal for name in reachable):
+        problems.append(ConfigProblem("stages", f"no terminal stage is reachable from {entry!r}"))
+    problems += _cycle_problems(config, known)
+    return problems
+
+
+def _cycle_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProblem]:
+    # A stage routing to itself is allowed (iterative stages); longer cycles are not.
+    successors = {s.name: [n for n in s.next_stages if n in known and n != s.name] for s in config.stages}
+    state: dict[str, int] = {}
+    problems: list[ConfigProblem] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in successors[name]:
+            if state.get(target) == 1:
+                cycle = [*trail[trail.index(target) :], target]
+                problems.append(ConfigProblem("stages", f"cycle through next: {' -> '.join(cycle)}"))
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[name] = 2
+
+    for stage in config.stages:
+        if stage.name not in state:
+            visit(stage.name, [stage.name])
+    return problems
+
+
+def validate(config: PipelineConfig) -> list[ConfigProblem]:
+    """Every problem in ``config``'s structure (names, edges, graph), errors and warnings."""
+    problems: list[ConfigProblem] = []
+    if not config.stages:
+        return [ConfigProblem("stages", "a pipeline needs at least one stage")]
+    names: list[str] = []
+    for i, stage in enumerate(config.stages):
+        if not isinstance(stage, StageConfig):
+            problems.append(ConfigProblem(f"stages[{i}]", f"expected a StageConfig, got {type(stage).__name__}"))
+            continue
+        if stage.name in names:
+            problems.append(ConfigProblem(f"stages[{i}].name", f"duplicate stage name {stage.name!r}"))
+        names.append(stage.name)
+    if problems:
+        return problems
+    known = set(names)
+    for i, stage in enumerate(config.stages):
+        problems += _stage_problems(i, stage, known)
+    problems += _check_hook_value("terminal_stages_fn", config.terminal_stages_fn)
+    problems += _graph_problems(config, known)
+    return problems
+
+
+# --------------------------------------------------------------------------- imports
+
+
+def import_string(path: str) -> Any:
+    """Import ``"package.module.attr"`` (nested attributes allowed) and return the object."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not module_name.startswith(exc.name):
+                raise  # the module exists but one of its own imports is missing
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module found for {path!r}")
+
+
+def _import_problem(path: str, value: str) -> tuple[Any, ConfigProblem | None]:
+    try:
+        obj = import_string(value)
+    except Exception as exc:  # noqa: BLE001 - every import failure is reported, with its path
+        return None, ConfigProblem(path, f"cannot import {value!r}: {type(exc).__name__}: {exc}")
+    if not callable(obj):
+        return None, ConfigProblem(path, f"{value!r} is not callable")
+    return obj, None
+
+
+def factory_kwarg_problems(path: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> list[ConfigProblem]:
+    """Problems with passing ``kwargs`` to ``factory`` (names its signature cannot accept)."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return []
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return []
+    accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return [
+        ConfigProblem(
+            f"{path}[{key!r}]", f"the factory does not accept {key!r}{_did_you_mean(key, accepted)}"
+        )
+        for key in kwargs
+        if key not in accepted
+    ]
+
+
+def check_imports(config: PipelineConfig) -> None:
+    """Import every hook and factory of ``config``; raise ConfigError listing all failures."""
+    problems: list[ConfigProblem] = []
+    for i, stage in enumerate(config.stages):
+        at = f"stages[{i}]"
+        factory, problem = _import_problem(f"{at}.factory_path", stage.factory_path)
+        if problem:
+            problems.append(problem)
+        else:
+            problems += factory_kwarg_problems(f"{at}.factory", factory, stage.factory)
+        for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
+            value = getattr(stage, field)
+            if value is not None:
+                problems += [p for p in [_import_problem(f"{at}.{field}", value)[1]] if p]
+        for target, hook in stage.project_payload.items():
+            problems += [p for p in [_import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
+    if config.terminal_stages_fn is not None:
+        problems += [p for p in [_import_problem("terminal_stages_fn", config.terminal_stages_fn)[1]] if p]
+    if problems:
+        raise ConfigError(problems)

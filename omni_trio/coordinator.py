@@ -1,0 +1,391 @@
+"""The coordinator: admits requests, collects their results, aborts them.
+
+It owns every live request: a request is admitted once (a live id cannot
+be reused), resolved exactly once (result, failure, abort or timeout), and
+every failure is broadcast as an abort so no stage keeps state for it
+(fast-fail). Stages report back through :meth:`Coordinator.on_complete` and
+:meth:`Coordinator.on_stream`, called directly in-process or by the control
+plane.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import outcome
+import trio
+
+from omni_trio.config import PipelineConfig, import_string
+from omni_trio.errors import (
+    DuplicateRequestId,
+    PipelineClosed,
+    RequestAborted,
+    RequestError,
+    RequestFailed,
+    RequestTimeout,
+)
+from omni_trio.events import CompleteMessage, StreamMessage
+from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.stage.stage import StageStats
+from omni_trio.tracing import Tracer, get_logger
+
+log = get_logger(__name__)
+
+
+class StageDirectory(Protocol):
+    """How the coordinator reaches stages, wherever they run."""
+
+    async def submit(self, stage: str, payload: StagePayload) -> None:
+        """Deliver a new request to ``stage`` (the entry stage)."""
+
+    async def abort(self, request_id: str) -> None:
+        """Tell every stage to drop ``request_id``."""
+
+    async def stats(self) -> dict[str, StageStats]:
+        """Every stage's counters."""
+
+
+@attrs.frozen
+class PipelineStats:
+    """Counters of a whole pipeline: per stage, plus requests the coordinator holds."""
+
+    stages: dict[str, StageStats]
+    live_requests: int
+
+    @property
+    def idle(self) -> bool:
+        """True when no request is held anywhere."""
+        return self.live_requests == 0 and all(stage.idle for stage in self.stages.values())
+
+
+_END_OF_STREAM = object()
+
+
+@attrs.define(eq=False)
+class _LiveRequest:
+    request_id: str
+    request: OmniRequest
+    expected: frozenset[str]
+    streaming: bool
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: outcome.Outcome[Any] | None = None
+    partial: dict[str, Any] = attrs.field(factory=dict)
+    deadline_scope: trio.CancelScope | None = None
+    events: Any = None  # send side of the streaming caller's channel
+    received: Any = None  # its receive side
+
+
+class Coordinator:
+    """Owns the live requests of one pipeline (see the module docstring)."""
+
+    def __init__(
+        self, config: PipelineConfig, directory: StageDirectory, tracer: Tracer, nursery: trio.Nursery
+    ) -> None:
+        self._entry = config.entry
+        self._terminals = frozenset(config.terminal_stages)
+        self._terminals_fn: Callable[[OmniRequest], Any] | None = (
+            None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
+        )
+        self._directory = directory
+        self._tracer = tracer
+        self._nursery = nursery
+        self._live: dict[str, _LiveRequest] = {}
+        self._aborting: dict[str, trio.Event] = {}
+        self._closed: str | None = None
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(
+        self,
+        request_id: str,
+        inputs: Any,
+        params: dict[str, Any] | None,
+        metadata: dict[str, Any] | None,
+        *,
+        streaming: bool,
+        deadline: float | None,
+    ) -> _LiveRequest:
+        if self._closed is not None:
+            raise PipelineClosed(f"the pipeline accepts no more requests: {self._closed}")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request ids are non-empty strings, got {request_id!r}")
+        if request_id in self._live or request_id in self._aborting:
+            raise DuplicateRequestId(request_id)
+        if isinstance(inputs, OmniRequest):
+            if params is not None or metadata is not None:
+                raise ValueError("pass params and metadata inside the OmniRequest, not beside it")
+            request = inputs
+        else:
+            request = OmniRequest(inputs, dict(params or {}), dict(metadata or {}))
+        if SESSION_METADATA_KEY in request.metadata:
+            raise ValueError(f"metadata key {SESSION_METADATA_KEY!r} is reserved for session operations")
+        if deadline is not None and not deadline > 0:
+            raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
+        live = _LiveRequest(request_id, request, self._expected_terminals(request), streaming)
+        if streaming:
+            live.events, live.received = trio.open_memory_channel[Any](math.inf)
+        self._live[request_id] = live
+        if deadline is not None:
+            live.deadline_scope = trio.CancelScope(deadline=trio.current_time() + deadline)
+            self._nursery.start_soon(self._expire, live, live.deadline_scope, deadline)
+        if self._tracer.enabled:
+            self._tracer.event("request_submitted", request_id=request_id, stage=self._entry)
+        return live
+
+    def _expected_terminals(self, request: OmniRequest) -> frozenset[str]:
+        if self._terminals_fn is None:
+            return self._terminals
+        answer = self._terminals_fn(request)
+        if answer is None:
+            return self._terminals
+        chosen = frozenset([answer] if isinstance(answer, str) else answer)
+        if not chosen or not chosen <= self._terminals:
+            raise ValueError(
+                f"terminal_stages_fn returned {sorted(chosen)!r}; it must be a non-empty subset of "
+                f"the terminal stages {sorted(self._terminals)!r}"
+            )
+        return chosen
+
+    async def _send_submit(self, live: _LiveRequest) -> None:
+        payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
+        await self._directory.submit(self._entry, payload)
+
+    # ------------------------------------------------------------------ public API
+
+    async def submit(
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """Run one request to completion and return its terminal result.
+
+        With several terminal stages the result is a dict keyed by stage
+        name. Raises :class:`RequestFailed`, :class:`RequestAborted`,
+        :class:`RequestTimeout` (``deadline`` seconds passed; the request is
+        aborted everywhere) or :class:`DuplicateRequestId`. Cancelling the
+        caller aborts the request.
+        """
+        live = self._admit(request_id, inputs, params, metadata, streaming=False, deadline=deadline)
+        try:
+            await self._send_submit(live)
+            await live.done.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                if not live.done.is_set():
+                    await self._abort(live, RequestAborted(request_id, "cancelled by its caller"))
+                await self._settled(request_id)
+        assert live.result is not None
+        return live.result.unwrap()
+
+    async def _settled(self, request_id: str) -> None:
+        """Wait for a failed request's abort broadcast: once the caller hears of the
+        failure, no stage holds anything for the request."""
+        pending = self._aborting.get(request_id)
+        if pending is not None:
+            await pending.wait()
+
+    def stream(
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> RequestStream:
+        """Run one request and iterate over its stream chunks and completions.
+
+        Use as ``async with pipeline.stream(...) as events: async for ev in
+        events`` (leaving the block early aborts the request) or directly as
+        ``async for ev in pipeline.stream(...)``. Yields
+        :class:`StreamMessage` and :class:`CompleteMessage` objects; ends after
+        the last terminal stage completed; raises the request's error.
+        """
+        return RequestStream(self, request_id, inputs, params, metadata, deadline)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a live request everywhere; False if it is unknown or already finished."""
+        live = self._live.get(request_id)
+        if live is None:
+            pending = self._aborting.get(request_id)
+            if pending is not None:
+                with trio.CancelScope(shield=True):
+                    await pending.wait()
+            return False
+        with trio.CancelScope(shield=True):
+            await self._abort(live, RequestAborted(request_id))
+        return True
+
+    async def stats(self) -> PipelineStats:
+        """Counters of every stage and of the coordinator."""
+        return PipelineStats(stages=await self._directory.stats(), live_requests=len(self._live))
+
+    # ------------------------------------------------------------------ resolution
+
+    async def _abort(self, live: _LiveRequest, error: RequestError) -> None:
+        if self._tracer.enabled:
+            self._tracer.event("request_aborted", request_id=live.request_id, stage="coordinator", reason=str(error))
+        self._resolve(live, outcome.Error(error))
+        await self._broadcast_abort(live.request_id).wait()
+
+    def _resolve(self, live: _LiveRequest, result: outcome.Outcome[Any]) -> None:
+        """Settle a request exactly once and forget it."""
+        if live.done.is_set():
+            return
+        live.result = result
+        live.done.set()
+        self._live.pop(live.request_id, None)
+        if live.deadline_scope is not None:
+            live.deadline_scope.cancel()
+        if live.streaming:
+            live.events.send_nowait(result.error if isinstance(result, outcome.Error) else _END_OF_STREAM)
+
+    def _broadcast_abort(self, request_id: str) -> trio.Event:
+        """Start (once) the abort broadcast of ``request_id``; the event fires when it is done."""
+        done = self._aborting.get(request_id)
+        if done is None:
+            done = self._aborting[request_id] = trio.Event()
+            self._nursery.start_soon(self._run_broadcast, request_id, done)
+        return done
+
+    async def _run_broadcast(self, request_id: str, done: trio.Event) -> None:
+        try:
+            await self._directory.abort(request_id)
+        except Exception as exc:  # noqa: BLE001 - stages that missed it drop the id on their own deadline
+            log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
+        finally:
+            del self._aborting[request_id]
+            done.set()
+
+    async def _expire(self, live: _LiveRequest, scope: trio.CancelScope, seconds: float) -> None:
+        with scope:
+            await trio.sleep_forever()
+        if not live.done.is_set():
+            await self._abort(live, RequestTimeout(live.request_id, seconds))
+
+    # ------------------------------------------------------------------ stage reports
+
+    def on_complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
+        """A stage reported a terminal result, or a failure (``error`` set)."""
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        if error is not None:
+            if self._tracer.enabled:
+                self._tracer.event("request_failed", request_id=request_id, stage=from_stage, error=error)
+            self._resolve(live, outcome.Error(RequestFailed(request_id, from_stage, error)))
+            self._broadcast_abort(request_id)
+            return
+        if from_stage not in live.expected:
+            return
+        if live.streaming:
+            live.events.send_nowait(CompleteMessage(request_id, from_stage, result))
+        if len(live.expected) == 1:
+            final = result
+        else:
+            live.partial[from_stage] = result
+            if len(live.partial) < len(live.expected):
+                return
+            final = {stage: live.partial[stage] for stage in sorted(live.expected)}
+        if self._tracer.enabled:
+            self._tracer.event("request_completed", request_id=request_id, stage=from_stage)
+        self._resolve(live, outcome.Value(final))
+
+    def on_stream(self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None) -> None:
+        """A terminal stage streamed a chunk; queue it for a streaming caller."""
+        live = self._live.get(request_id)
+        if live is not None and live.streaming:
+            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, chunk_id, modality))
+
+    # ------------------------------------------------------------------ shutdown
+
+    def fail_all(self, error_for: Callable[[str], RequestError]) -> None:
+        """Resolve every live request with ``error_for(request_id)`` (e.g. a dead process)."""
+        for live in list(self._live.values()):
+            self._resolve(live, outcome.Error(error_for(live.request_id)))
+
+    async def close(self, reason: str = "the pipeline closed") -> None:
+        """Refuse new requests, abort every live one everywhere, wait for the broadcasts."""
+        self._closed = reason
+        with trio.CancelScope(shield=True):
+            for live in list(self._live.values()):
+                await self._abort(live, RequestAborted(live.request_id, f"aborted: {reason}"))
+            while self._aborting:
+                await next(iter(self._aborting.values())).wait()
+
+
+class RequestStream:
+    """The events of one streaming request (see :meth:`Coordinator.stream`)."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        request_id: str,
+        inputs: Any,
+        params: dict[str, Any] | None,
+        metadata: dict[str, Any] | None,
+        deadline: float | None,
+    ) -> None:
+        self.request_id = request_id
+        self._coordinator = coordinator
+        self._args = (inputs, params, metadata, deadline)
+        self._live: _LiveRequest | None = None
+        self._finished = False
+
+    async def _start(self) -> _LiveRequest:
+        if self._live is None:
+            inputs, params, metadata, deadline = self._args
+            live = self._coordinator._admit(
+                self.request_id, inputs, params, metadata, streaming=True, deadline=deadline
+            )
+            self._live = live
+            try:
+                await self._coordinator._send_submit(live)
+            except BaseException:
+                await self.aclose()
+                raise
+        return self._live
+
+    async def __aenter__(self) -> RequestStream:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamMessage | CompleteMessage:
+        live = await self._start()
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            event = await live.received.receive()
+        except BaseException:
+            await self.aclose()
+            raise
+        if event is _END_OF_STREAM:
+            self._finished = True
+            raise StopAsyncIteration
+        if isinstance(event, BaseException):
+            self._finished = True
+            with trio.CancelScope(shield=True):
+                await self._coordinator._settled(self.request_id)
+            raise event
+        return event
+
+    async def aclose(self) -> None:
+        """Stop reading; a request still running is aborted everywhere."""
+        self._finished = True
+        live = self._live
+        if live is not None and not live.done.is_set():
+            with trio.CancelScope(shield=True):
+                await self._coordinator._abort(live, RequestAborted(self.request_id, "closed by its reader"))

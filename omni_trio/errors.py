@@ -1,0 +1,121 @@
+"""Exceptions that omni-trio raises to its callers."""
+
+from __future__ import annotations
+
+import attrs
+
+
+class OmniTrioError(Exception):
+    """Base class of every omni-trio error."""
+
+
+@attrs.frozen
+class ConfigProblem:
+    """One problem found in a pipeline configuration.
+
+    ``path`` points into the config (``stages[3].wait_for[1]``); ``severity``
+    is ``"error"`` or ``"warning"``.
+    """
+
+    path: str
+    message: str
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        prefix = "" if self.severity == "error" else f"{self.severity}: "
+        return f"{prefix}{self.path}: {self.message}"
+
+
+class ConfigError(OmniTrioError, ValueError):
+    """A pipeline configuration is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        count = len(self.problems)
+        super().__init__(f"invalid pipeline config ({count} problem{'s' * (count != 1)}):\n{lines}")
+
+
+class RequestError(OmniTrioError):
+    """Base class of the errors a single request can end with."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        self.request_id = request_id
+        super().__init__(message)
+
+
+class RequestFailed(RequestError):
+    """A stage failed the request; ``stage`` names it and ``error`` is its original message."""
+
+    def __init__(self, request_id: str, stage: str, error: str) -> None:
+        self.stage = stage
+        self.error = error
+        super().__init__(request_id, f"request {request_id!r} failed at stage {stage!r}: {error}")
+
+
+class RequestAborted(RequestError):
+    """The request was aborted (by ``pipeline.abort`` or by the pipeline closing)."""
+
+    def __init__(self, request_id: str, reason: str = "aborted") -> None:
+        self.reason = reason
+        super().__init__(request_id, f"request {request_id!r} was {reason}")
+
+
+class RequestTimeout(RequestError):
+    """The request's ``deadline`` expired; it was aborted everywhere."""
+
+    def __init__(self, request_id: str, deadline: float) -> None:
+        self.deadline = deadline
+        super().__init__(
+            request_id, f"request {request_id!r} did not finish within its deadline of {deadline:g} s"
+        )
+
+
+class StageProcessDied(RequestError):
+    """A stage process holding the request exited unexpectedly."""
+
+    def __init__(
+        self, request_id: str, process: str, pid: int | None, returncode: int | None
+    ) -> None:
+        self.process = process
+        self.pid = pid
+        self.returncode = returncode
+        super().__init__(
+            request_id,
+            f"request {request_id!r} lost: stage process {process!r} (pid {pid}) "
+            f"{describe_exit(returncode)}",
+        )
+
+
+def describe_exit(returncode: int | None) -> str:
+    """Say how a process ended, from its return code (negative means a signal)."""
+    if returncode is None:
+        return "is gone"
+    if returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class DuplicateRequestId(OmniTrioError, ValueError):
+    """A request id is already live in this pipeline; nothing was sent."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(
+            f"request {request_id!r} already exists (it is still live); use a fresh request id"
+        )
+
+
+class StageStartupError(OmniTrioError):
+    """A stage could not start: its factory or its scheduler's warm-up raised, or
+    its process did not come up. The message names the stage (and process)."""
+
+
+class PipelineClosed(OmniTrioError):
+    """The pipeline is closed or has failed; it accepts no more requests."""

@@ -1,0 +1,98 @@
+"""The scheduler contract: how a stage and its compute thread talk.
+
+A stage hands work to its scheduler as :class:`IncomingMessage` objects in
+``scheduler.inbox`` and routes whatever the scheduler puts into
+``scheduler.outbox`` as :class:`OutgoingMessage` objects. Both queues are
+``queue.Queue`` so the scheduler can block on them from its own thread.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import attrs
+
+IncomingType = Literal["new_request", "stream_chunk", "stream_done", "abort", "wakeup", "admin"]
+OutgoingType = Literal["result", "stream", "error", "admitted", "kv_transfer", "wakeup"]
+
+INCOMING_TYPES: frozenset[str] = frozenset(
+    ("new_request", "stream_chunk", "stream_done", "abort", "wakeup", "admin")
+)
+OUTGOING_TYPES: frozenset[str] = frozenset(
+    ("result", "stream", "error", "admitted", "kv_transfer", "wakeup")
+)
+
+
+def _check_type(allowed: frozenset[str]) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in allowed:
+            raise ValueError(
+                f"{type(instance).__name__}.type must be one of {sorted(allowed)}, got {value!r}"
+            )
+
+    return check
+
+
+@attrs.frozen(eq=False)
+class IncomingMessage:
+    """A message from the stage to its scheduler.
+
+    ``new_request`` carries a ``StagePayload``; ``stream_chunk`` a
+    ``StreamItem``; ``stream_done`` nothing. ``wakeup`` is the stop sentinel
+    that unblocks a scheduler waiting on its inbox.
+    """
+
+    request_id: str
+    type: IncomingType = attrs.field(validator=_check_type(INCOMING_TYPES))
+    data: Any = None
+
+
+@attrs.frozen(eq=False)
+class OutgoingMessage:
+    """A message from a scheduler to its stage.
+
+    ``result``: the request's output here (routed to the next stages, or to
+    the caller from a terminal stage). ``stream``: a partial output, to
+    ``target`` or to every stream target. ``error``: fail the request with
+    ``str(data)``. ``admitted``: mark the request active at this stage.
+    ``kv_transfer``: not supported; fails the request. ``wakeup``: internal
+    sentinel that ends the stage's outbox drain.
+    """
+
+    request_id: str
+    type: OutgoingType = attrs.field(validator=_check_type(OUTGOING_TYPES))
+    data: Any = None
+    target: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@runtime_checkable
+class StageScheduler(Protocol):
+    """What a stage needs from a scheduler.
+
+    ``start`` is the blocking serve loop, run on the scheduler's own thread;
+    ``stop`` must make a blocked ``start`` return promptly (a sentinel, never
+    a timeout poll). ``abort`` runs on the stage's event loop and must be
+    quick and thread-safe.
+
+    Optional members a scheduler may add: ``enqueue(msg)`` (used instead of
+    ``inbox.put`` for ``new_request``; runs on the event loop and must not
+    block), and ``claim_result(result, terminal=...) -> bool`` with
+    ``release_result(result, delivered=...)`` for schedulers that own their
+    results.
+    """
+
+    @property
+    def inbox(self) -> queue.Queue[IncomingMessage]: ...
+
+    @property
+    def outbox(self) -> queue.Queue[OutgoingMessage]: ...
+
+    def warm_up_serving_thread(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...

@@ -1,0 +1,97 @@
+"""How a stage reaches its peers, whatever process they live in.
+
+A stage never knows whether a target stage or the coordinator is in its own
+process: it talks to a :class:`StageLink` per target and one
+:class:`CoordinatorLink`. This module defines those seams and their
+same-process implementations; the multi-process runtime provides remote ones
+with the same methods.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, Protocol
+
+from omni_trio.comm.router import TransportLog
+from omni_trio.payload import StagePayload, StreamItem
+
+if TYPE_CHECKING:
+    from omni_trio.coordinator import Coordinator
+    from omni_trio.stage.stage import Stage
+
+
+class StageLink(Protocol):
+    """One stage's outgoing edge to another stage."""
+
+    #: The target stage's name.
+    target: str
+    #: True when the target lives in the sender's process.
+    local: bool
+
+    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
+        """Hand ``payload`` to the target; ``share=False`` means the target gets its own copy."""
+
+    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
+        """Hand stream chunks of one request, in order, to the target."""
+
+    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """Tell the target that the sender's stream ended (or failed with ``error``)."""
+
+
+class CoordinatorLink(Protocol):
+    """A stage's edge to the coordinator."""
+
+    async def complete(
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """Report a terminal result, or (``error`` set) a failure of the request."""
+
+    async def stream(
+        self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None
+    ) -> None:
+        """Deliver one stream chunk of a terminal stage to the caller."""
+
+
+class LocalStageLink:
+    """An edge to a stage in the same process: objects are handed over directly."""
+
+    local = True
+
+    def __init__(self, target: Stage, transports: TransportLog) -> None:
+        self.target = target.name
+        self._stage = target
+        self._transports = transports
+
+    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
+        """Deliver the payload itself when shared, else a deep copy (tensors cloned)."""
+        self._transports.note("payload", self.target, "local_object" if share else "local_copy")
+        delivered = payload if share else copy.deepcopy(payload)
+        await self._stage.deliver_payload(request_id, from_stage, delivered)
+
+    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
+        """Deliver the chunks by reference (receivers treat them as read-only)."""
+        self._transports.note("stream", self.target, "local_object")
+        await self._stage.deliver_stream_chunks(request_id, from_stage, items)
+
+    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """Deliver the end-of-stream (or stream error) signal."""
+        await self._stage.deliver_stream_signal(request_id, from_stage, error)
+
+
+class LocalCoordinatorLink:
+    """The coordinator lives in this process: report to it directly."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+
+    async def complete(
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """Report completion or failure."""
+        self._coordinator.on_complete(request_id, from_stage, result=result, error=error)
+
+    async def stream(
+        self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None
+    ) -> None:
+        """Deliver a chunk to the caller's stream."""
+        self._coordinator.on_stream(request_id, from_stage, chunk, chunk_id, modality)

@@ -1,0 +1,544 @@
+"""The stage: an IO shell around one scheduler, run as a trio nursery.
+
+A stage receives work (a submit, upstream payloads, stream chunks and
+signals), feeds its scheduler's inbox, drains the scheduler's outbox and
+routes each output: stream chunks to stream targets, results to the next
+stages or to the coordinator. It never branches on the scheduler's type and
+never knows whether a peer is in its own process (see :mod:`.links`).
+
+Failure isolation: an exception in user code or in routing fails the one
+request it belongs to (a failure ``Complete`` to the coordinator, which
+aborts the request everywhere); the stage keeps serving.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from omni_trio.config import StageConfig, import_string
+from omni_trio.errors import StageStartupError
+from omni_trio.idset import BoundedIdSet
+from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.stage.bridge import OutboxPump, SchedulerThread
+from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
+from omni_trio.stage.links import CoordinatorLink, StageLink
+from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
+from omni_trio.stage.scopes import RequestScopes
+from omni_trio.tracing import Tracer, get_logger
+
+log = get_logger(__name__)
+
+#: How long a stopping stage waits for its scheduler thread, then for its drain.
+STOP_GRACE_S = 5.0
+
+
+@attrs.frozen
+class StageStats:
+    """Counters of one stage; all zero when no request is in flight."""
+
+    active_requests: int
+    pending_fan_in: int
+    request_scopes: int
+    in_flight_sends: int
+    relay_buffers: int
+    queued_inbox: int
+    healthy: bool = True
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing about any request is held."""
+        return not (
+            self.active_requests
+            or self.pending_fan_in
+            or self.request_scopes
+            or self.in_flight_sends
+            or self.relay_buffers
+            or self.queued_inbox
+        )
+
+
+def describe_error(error: object) -> str:
+    """The text a failure carries: ``Type: message`` for exceptions."""
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return str(error)
+
+
+class Stage:
+    """One pipeline stage: control of the request lifecycle around a scheduler.
+
+    Peers are connected with :meth:`connect` before :meth:`run`. The
+    ``deliver_*``/``on_submit``/``on_abort`` methods are the stage's inputs;
+    same-process links call them directly, the multi-process runtime calls
+    them after decoding a control message.
+    """
+
+    def __init__(
+        self,
+        config: StageConfig,
+        scheduler: Any,
+        *,
+        process: str,
+        tracer: Tracer,
+        coordinator: CoordinatorLink,
+        stream_receiver: bool,
+    ) -> None:
+        self.name = config.name
+        self.config = config
+        self.scheduler = scheduler
+        self.process = process
+        self.stream_receiver = stream_receiver
+        self._tracer = tracer
+        self._coordinator = coordinator
+        self._routing: CompiledRouting = compile_routing(config)
+        self._input: InputHandler = self._build_input(config)
+        self._links: dict[str, StageLink] = {}
+        self._enqueue: Callable[[IncomingMessage], None] = getattr(scheduler, "enqueue", scheduler.inbox.put)
+        self._claim = getattr(scheduler, "claim_result", None)
+        self._release = getattr(scheduler, "release_result", None)
+
+        self.active: set[str] = set()
+        self.aborted = BoundedIdSet()
+        self._stream_open: set[str] = set()
+        self._chunk_ids: dict[str, dict[str, int]] = {}
+        self._scopes = RequestScopes()
+        self._in_flight_sends = 0
+        self._relay_in_use: Callable[[], int] = lambda: 0
+        self._unhealthy: str | None = None
+
+        self._stop_requested = trio.Event()
+        self._drain_done = trio.Event()
+        self._thread: SchedulerThread | None = None
+
+    @staticmethod
+    def _build_input(config: StageConfig) -> InputHandler:
+        if config.wait_for is None:
+            return DirectInput()
+        assert config.merge_fn is not None  # config validation guarantees it
+        return AggregatedInput(
+            config.wait_for,
+            import_string(config.merge_fn),
+            None if config.wait_for_fn is None else import_string(config.wait_for_fn),
+        )
+
+    def connect(self, links: dict[str, StageLink], relay_in_use: Callable[[], int] | None = None) -> None:
+        """Give the stage its outgoing edges (one link per stage it may send to)."""
+        self._links = dict(links)
+        if relay_in_use is not None:
+            self._relay_in_use = relay_in_use
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the scheduler thread, report ready, serve until :meth:`stop`, then drain."""
+        self._thread = SchedulerThread(self.name, self.scheduler)
+        self._thread.start()
+        await self._thread.warm.wait()
+        if self._thread.warm_up_error is not None:
+            raise StageStartupError(
+                f"stage {self.name!r}: scheduler warm-up failed: {describe_error(self._thread.warm_up_error)}"
+            ) from self._thread.warm_up_error
+        pump = OutboxPump(self.name, self.scheduler.outbox)
+        pump.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain, pump)
+                nursery.start_soon(self._watch_scheduler)
+                task_status.started()
+                await self._stop_requested.wait()
+                await self._shutdown()
+                nursery.cancel_scope.cancel()
+        finally:
+            if not self._drain_done.is_set():
+                # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
+                self._stop_threads()
+
+    def stop(self) -> None:
+        """Ask the stage to stop: the scheduler stops, published output is still routed."""
+        self._stop_requested.set()
+
+    def _stop_scheduler(self) -> None:
+        try:
+            self.scheduler.stop()
+        except Exception as exc:  # noqa: BLE001 - a faulty stop must not block shutdown
+            log.warning("scheduler_stop_failed", stage=self.name, error=describe_error(exc))
+
+    def _stop_threads(self) -> None:
+        """Stop the scheduler and make the outbox pump's thread exit."""
+        self._stop_scheduler()
+        self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
+
+    async def _shutdown(self) -> None:
+        assert self._thread is not None
+        self._stop_scheduler()
+        with trio.move_on_after(STOP_GRACE_S) as waited:
+            await self._thread.finished.wait()
+        if waited.cancelled_caught:
+            log.warning("scheduler_thread_still_running", stage=self.name, after_s=STOP_GRACE_S)
+        # Everything the scheduler published before stopping is still routed, then the drain ends.
+        self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
+        with trio.move_on_after(STOP_GRACE_S):
+            await self._drain_done.wait()
+
+    async def _watch_scheduler(self) -> None:
+        assert self._thread is not None
+        await self._thread.finished.wait()
+        if self._thread.crash is None or self._stop_requested.is_set():
+            return
+        # The scheduler's loop died: nothing it holds will ever finish.
+        self._unhealthy = f"scheduler crashed: {describe_error(self._thread.crash)}"
+        log.error("scheduler_crashed", stage=self.name, error=self._unhealthy)
+        for request_id in sorted(self.active):
+            await self.send_failure(request_id, self._unhealthy)
+
+    # ------------------------------------------------------------------ inputs
+
+    async def on_submit(self, payload: StagePayload) -> None:
+        """A new request from the coordinator (this is the entry stage)."""
+        request_id = payload.request_id
+        if request_id in self.aborted:
+            await self._coordinator.complete(
+                request_id,
+                self.name,
+                error=f"Request {request_id} (retired after abort or failure, use a fresh request ID) already exists",
+            )
+            return
+        self._mark_active(request_id, payload_arrived=True)
+        await self.execute(payload)
+
+    async def deliver_payload(self, request_id: str, from_stage: str, payload: StagePayload) -> None:
+        """An upstream stage's payload for ``request_id`` arrived."""
+        if request_id in self.aborted:
+            return
+        self._mark_active(request_id, payload_arrived=True)
+        try:
+            merged = self._input.receive(request_id, from_stage, payload)
+        except Exception as exc:  # noqa: BLE001 - user hooks (merge_fn, wait_for_fn) fail only this request
+            await self.send_failure(request_id, f"fan-in of {from_stage!r}: {describe_error(exc)}")
+            return
+        if merged is not None:
+            await self.execute(merged)
+
+    async def deliver_stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
+        """Upstream stream chunks for ``request_id`` arrived (in order)."""
+        if request_id in self.aborted:
+            return
+        if not await self._open_stream(request_id, from_stage, "stream chunk"):
+            return
+        for item in items:
+            self.scheduler.inbox.put(IncomingMessage(request_id, "stream_chunk", item))
+
+    async def deliver_stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """An upstream stream ended (or failed with ``error``)."""
+        if request_id in self.aborted:
+            return
+        if error is not None:
+            await self.send_failure(request_id, f"stream from {from_stage!r} failed: {error}")
+            return
+        if not await self._open_stream(request_id, from_stage, "stream_done"):
+            return
+        # The source travels as data so a scheduler fed by several streams can tell them apart.
+        self.scheduler.inbox.put(IncomingMessage(request_id, "stream_done", from_stage))
+
+    def on_abort(self, request_id: str) -> None:
+        """Drop everything about ``request_id`` here (abort broadcast)."""
+        self._retire(request_id)
+        self.clear_request_state(request_id)
+
+    async def execute(self, payload: StagePayload) -> None:
+        """Hand a payload to the scheduler as a ``new_request``."""
+        request_id = payload.request_id
+        if request_id in self.aborted:
+            return
+        if self._unhealthy is not None:
+            await self.send_failure(request_id, f"stage is unhealthy: {self._unhealthy}")
+            return
+        if self._tracer.enabled:
+            self._tracer.event("stage_dispatch", request_id=request_id, stage=self.name)
+        try:
+            self._enqueue(IncomingMessage(request_id, "new_request", payload))
+        except Exception as exc:  # noqa: BLE001 - a scheduler refusing one request fails only it
+            await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}")
+
+    def _mark_active(self, request_id: str, *, payload_arrived: bool) -> None:
+        self.active.add(request_id)
+        if payload_arrived and self.stream_receiver:
+            self._stream_open.add(request_id)
+
+    async def _open_stream(self, request_id: str, from_stage: str, what: str) -> bool:
+        if not self.stream_receiver:
+            await self.send_failure(
+                request_id,
+                f"{what} from {from_stage!r} reached a stage that no stage lists in stream_to",
+            )
+            return False
+        if request_id not in self._stream_open:
+            if not self.config.can_accept_stream_before_payload:
+                await self.send_failure(
+                    request_id,
+                    f"{what} from {from_stage!r} arrived before the request payload, but this stage is "
+                    "not configured to accept pre-payload stream data (can_accept_stream_before_payload)",
+                )
+                return False
+            self._stream_open.add(request_id)
+        self.active.add(request_id)
+        return True
+
+    # ------------------------------------------------------------------ state
+
+    def _retire(self, request_id: str) -> None:
+        """Remember ``request_id`` as finished-with-failure and tell the scheduler, once."""
+        if request_id in self.aborted:
+            return
+        self.aborted.add(request_id)
+        self._scopes.cancel(request_id)
+        self._purge_inbox(request_id)
+        try:
+            self.scheduler.abort(request_id)
+        except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling
+            log.warning("scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
+
+    def _purge_inbox(self, request_id: str) -> None:
+        """Take a retired request's queued messages out of the scheduler's inbox.
+
+        Schedulers skip aborted ids anyway; purging means they never even see
+        them, and a retired request holds nothing in the stage afterwards.
+        """
+        inbox = self.scheduler.inbox
+        if type(inbox) is not queue.Queue:
+            return  # a custom FIFO: only the scheduler itself can drop the messages
+        with inbox.mutex:
+            kept = [message for message in inbox.queue if message.request_id != request_id]
+            removed = len(inbox.queue) - len(kept)
+            if removed:
+                inbox.queue.clear()
+                inbox.queue.extend(kept)
+                inbox.unfinished_tasks -= removed
+                inbox.not_full.notify_all()
+
+    def clear_request_state(self, request_id: str) -> None:
+        """Forget a request's per-stage state (after routing, failure or abort)."""
+        self.active.discard(request_id)
+        self._input.cancel(request_id)
+        self._stream_open.discard(request_id)
+        self._chunk_ids.pop(request_id, None)
+
+    async def send_failure(self, request_id: str, error: str) -> None:
+        """Fail ``request_id`` here: report it to the coordinator and drop its state."""
+        self._retire(request_id)
+        if self._tracer.enabled:
+            self._tracer.event("stage_failed", request_id=request_id, stage=self.name, error=error)
+        try:
+            await self._coordinator.complete(request_id, self.name, error=error)
+        except Exception as exc:  # noqa: BLE001 - the coordinator may be gone at shutdown
+            log.warning("failure_report_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
+        finally:
+            self.clear_request_state(request_id)
+
+    def stats(self) -> StageStats:
+        """This stage's counters."""
+        return StageStats(
+            active_requests=len(self.active),
+            pending_fan_in=self._input.pending_count(),
+            request_scopes=len(self._scopes),
+            in_flight_sends=self._in_flight_sends,
+            relay_buffers=self._relay_in_use(),
+            queued_inbox=self.scheduler.inbox.qsize(),
+            healthy=self._unhealthy is None,
+        )
+
+    # ------------------------------------------------------------------ outbox drain
+
+    async def _drain(self, pump: OutboxPump) -> None:
+        try:
+            async for batch in pump.batches:
+                pump.batch_taken()
+                if await self._handle_batch(batch):
+                    return
+                # Let co-located stages run between batches (SPEC §3.4).
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._drain_done.set()
+
+    async def _handle_batch(self, batch: list[OutgoingMessage]) -> bool:
+        """Route one batch; return True when the stop sentinel was reached."""
+        run: list[OutgoingMessage] = []
+        for out in batch:
+            if out.type == "stream" and out.target is not None:
+                run.append(out)
+                continue
+            if run:
+                await self._route_stream_run(run)
+                run = []
+            if out.type == "wakeup":
+                return True
+            await self._handle_outgoing(out)
+        if run:
+            await self._route_stream_run(run)
+        return False
+
+    async def _handle_outgoing(self, out: OutgoingMessage) -> None:
+        request_id = out.request_id
+        if out.type == "admitted":
+            if request_id not in self.aborted:
+                self.active.add(request_id)
+            return
+        if request_id not in self.active:
+            # Late output of an aborted or finished request is dropped here.
+            if out.type == "result" and self._release is not None:
+                self._release(out.data, delivered=False)
+            return
+        if out.type == "result":
+            await self._guarded(request_id, "routing the result", self._route_result, request_id, out.data)
+        elif out.type == "stream":
+            await self._guarded(
+                request_id, "sending a stream chunk", self._send_untargeted_stream, request_id, out
+            )
+        elif out.type == "error":
+            await self.send_failure(request_id, describe_error(out.data))
+        elif out.type == "kv_transfer":
+            await self.send_failure(request_id, "kv_transfer unsupported: omni-trio does not move KV pages")
+
+    async def _guarded(self, request_id: str, what: str, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one request's routing work in its cancel scope; errors fail only that request."""
+        try:
+            with self._scopes.open(request_id):
+                await work(*args)
+        except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
+            await self.send_failure(request_id, f"{what}: {describe_error(exc)}")
+
+    async def _route_stream_run(self, run: list[OutgoingMessage]) -> None:
+        """Send targeted chunks in order, one call per consecutive (request, target) group."""
+        start = 0
+        while start < len(run):
+            first = run[start]
+            end = start + 1
+            while end < len(run) and (run[end].request_id, run[end].target) == (first.request_id, first.target):
+                end += 1
+            if first.request_id in self.active:
+                assert first.target is not None
+                await self._guarded(
+                    first.request_id,
+                    "sending a stream chunk",
+                    self._send_stream,
+                    first.request_id,
+                    first.target,
+                    run[start:end],
+                )
+            start = end
+
+    async def _send_untargeted_stream(self, request_id: str, out: OutgoingMessage) -> None:
+        targets = self._routing.stream_to
+        if not targets:
+            if not self._routing.terminal:
+                raise RuntimeError(
+                    "the scheduler emitted an untargeted stream chunk, but this stage has no stream_to "
+                    "and is not terminal; set stream_to or OutgoingMessage.target"
+                )
+            await self._stream_to_caller(request_id, out)
+        elif len(targets) == 1:
+            await self._send_stream(request_id, targets[0], [out])
+        else:
+            async with trio.open_nursery() as nursery:
+                for target in targets:
+                    nursery.start_soon(self._send_stream, request_id, target, [out])
+
+    async def _stream_to_caller(self, request_id: str, out: OutgoingMessage) -> None:
+        ids = self._chunk_ids.setdefault(request_id, {})
+        chunk_id = ids.get("coordinator", 0)
+        ids["coordinator"] = chunk_id + 1
+        modality = None
+        if out.metadata and "modality" in out.metadata:
+            modality = out.metadata["modality"]
+        elif isinstance(out.data, dict):
+            modality = out.data.get("modality")
+        await self._coordinator.stream(request_id, self.name, out.data, chunk_id, modality)
+
+    async def _send_stream(self, request_id: str, target: str, messages: list[OutgoingMessage]) -> None:
+        link = self._link(target)
+        ids = self._chunk_ids.setdefault(request_id, {})
+        first_id = ids.get(target, 0)
+        ids[target] = first_id + len(messages)
+        items = [
+            StreamItem(first_id + i, out.data, self.name, out.metadata) for i, out in enumerate(messages)
+        ]
+        await self._counted(link.stream_chunks(request_id, self.name, items))
+
+    async def _counted(self, send: Awaitable[None]) -> None:
+        self._in_flight_sends += 1
+        try:
+            await send
+        finally:
+            self._in_flight_sends -= 1
+
+    def _link(self, target: str) -> StageLink:
+        link = self._links.get(target)
+        if link is None:
+            raise LookupError(f"no route from stage {self.name!r} to unknown stage {target!r}")
+        return link
+
+    # ------------------------------------------------------------------ route_result
+
+    async def _route_result(self, request_id: str, result: Any) -> None:
+        next_stages = self._routing.get_next(request_id, result)
+        if self._claim is not None and not self._claim(result, terminal=next_stages is None):
+            return
+        delivered = False
+        try:
+            await self._dispatch_result(request_id, result, next_stages)
+            delivered = True
+        finally:
+            if self._release is not None:
+                self._release(result, delivered=delivered)
+
+    async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
+        for target in self._routing.stream_done_targets(request_id, result):
+            await self._counted(self._link(target).stream_signal(request_id, self.name))
+        keep_state = isinstance(result, RoutedPayloads) and result.keep_request_state
+        if next_stages is None:
+            if self._tracer.enabled:
+                self._tracer.event("stage_complete", request_id=request_id, stage=self.name, terminal=True)
+            data = result.data if isinstance(result, StagePayload) else result
+            await self._coordinator.complete(request_id, self.name, result=data)
+        else:
+            targets = [next_stages] if isinstance(next_stages, str) else next_stages
+            if self._tracer.enabled:
+                self._tracer.event(
+                    "stage_complete", request_id=request_id, stage=self.name, terminal=False, next=targets
+                )
+            if self.name in targets and not keep_state:
+                # Routing to itself re-admits the request here: clear before, not after.
+                self.clear_request_state(request_id)
+                keep_state = True
+            single = len(targets) == 1
+            for target in targets:
+                await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
+        if not keep_state:
+            self.clear_request_state(request_id)
+
+    @staticmethod
+    def _payload_for(result: Any, target: str) -> StagePayload:
+        if isinstance(result, RoutedPayloads):
+            if target not in result.payloads:
+                raise LookupError(f"RoutedPayloads has no payload for next stage {target!r}")
+            return result.payloads[target]
+        if not isinstance(result, StagePayload):
+            raise TypeError(
+                f"a non-terminal stage must output a StagePayload (or RoutedPayloads), got {type(result).__name__}"
+            )
+        return result
+
+    async def _send_to_stage(self, request_id: str, target: str, payload: StagePayload, *, single: bool) -> None:
+        link = self._link(target)
+        projector = self._routing.projectors.get(target)
+        projected = projector(payload) if projector is not None else payload
+        share = link.local and (
+            single or is_isolated_projection(payload, projected, has_projector=projector is not None)
+        )
+        await self._counted(link.payload(request_id, self.name, projected, share=share))
