@@ -1,0 +1,33 @@
+"""Schedulers: the compute side of a stage (SPEC §5).
+
+A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
+:class:`IncomingMessage`/:class:`OutgoingMessage` (SPEC §2.5).
+"""
+
+from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, StageScheduler
+from omni_trio.scheduling.session import (
+    SessionContext,
+    SessionHooks,
+    SessionOperation,
+    SessionScheduler,
+    TimedChunk,
+)
+from omni_trio.scheduling.simple import SimpleScheduler
+from omni_trio.scheduling.streaming import StreamingSimpleScheduler
+from omni_trio.scheduling.threaded import ThreadedSimpleScheduler
+
+__all__ = [
+    "IncomingMessage",
+    "OutgoingMessage",
+    "QueueFullError",
+    "SessionContext",
+    "SessionHooks",
+    "SessionOperation",
+    "SessionScheduler",
+    "SimpleScheduler",
+    "StageScheduler",
+    "StreamingSimpleScheduler",
+    "ThreadedSimpleScheduler",
+    "TimedChunk",
+]

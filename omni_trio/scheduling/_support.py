@@ -1,0 +1,131 @@
+"""Helpers shared by every scheduler in this package.
+
+Kept in one place so the schedulers do not each grow their own slightly
+different copy: the stop sentinel, a thread-safe bounded id set (built on
+:class:`omni_trio.idset.BoundedIdSet`, which evicts oldest first), the
+per-thread event loop that runs ``async`` compute functions, and a guard for
+user callbacks whose errors must only be logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final, TypeVar
+
+from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+
+logger = logging.getLogger("omni_trio.scheduling")
+
+T = TypeVar("T")
+
+#: The stop sentinel: ``stop()`` puts it into the inbox so a ``start()``
+#: blocked on ``inbox.get()`` wakes up and notices it should return.
+WAKEUP: Final[IncomingMessage] = IncomingMessage(request_id="", type="wakeup")
+
+
+class SyncIdSet:
+    """A :class:`BoundedIdSet` behind a lock, for ids touched from several threads.
+
+    ``abort`` runs on the stage's event loop while the serve loop checks the
+    same ids on the scheduler thread, so every operation is atomic, and
+    :meth:`add` reports whether the id is new so callers can run a
+    once-per-id side effect (the abort callback) exactly once.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._ids = BoundedIdSet(capacity)
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str) -> bool:
+        """Remember ``request_id``; return True if it was not already remembered."""
+        with self._lock:
+            fresh = request_id not in self._ids
+            self._ids.add(request_id)
+            return fresh
+
+    def pop(self, request_id: str) -> bool:
+        """Forget ``request_id``; return whether it was remembered."""
+        with self._lock:
+            return self._ids.pop(request_id)
+
+    def discard(self, request_id: str) -> None:
+        """Forget ``request_id`` if remembered."""
+        with self._lock:
+            self._ids.discard(request_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        with self._lock:
+            return request_id in self._ids
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        # A snapshot: iterating the live dict while another thread adds would raise.
+        with self._lock:
+            return iter(list(self._ids))
+
+
+class ThreadLoop:
+    """A private asyncio event loop for one thread, created on first use.
+
+    Async compute functions run to completion on it; sync-only schedulers
+    never pay for a loop (a selector and a socket pair).
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` to completion on this thread's loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(_await(awaitable))
+
+    def close(self) -> None:
+        """Close the loop if one was created."""
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
+async def _await(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop) -> Any:
+    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        return loop.run(result)
+    return result
+
+
+def call_logged(callback: Callable[..., object] | None, *args: Any, what: str) -> None:
+    """Run a user cleanup callback; its errors are logged, never raised.
+
+    Abort and shutdown callbacks run on the stage's event loop or during
+    teardown, where an exception would take down far more than one request.
+    """
+    if callback is None:
+        return
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception("%s failed", what)
+
+
+def result_message(request_id: str, data: object) -> OutgoingMessage:
+    """The ``result`` message for one request."""
+    return OutgoingMessage(request_id=request_id, type="result", data=data)
+
+
+def error_message(request_id: str, error: BaseException) -> OutgoingMessage:
+    """The ``error`` message for one request; the stage fails it with ``str(error)``."""
+    return OutgoingMessage(request_id=request_id, type="error", data=error)

@@ -1,0 +1,497 @@
+"""SessionScheduler: long-lived per-session state behind a SimpleScheduler.
+
+A *session* is one long-lived connection whose state (encoder caches, codec
+state, ...) outlives the short requests that feed it. Each request names its
+operation in ``request.metadata["omni_session"]``::
+
+    {"op": "open" | "append" | "close" | "control" | "read",
+     "session_id": "s1",
+     "chunk": ...,        # append: the input chunk (default: payload.data)
+     "preempt": True}     # control: cancel this session's earlier appends
+
+Other keys (the stage's ``stages`` route, ``preempted_request_ids``) are the
+stage's business and ignored here. ``open``/``append``/``close``/``control``
+take a per-session sequence number when they enter the inbox and run only
+after every earlier operation of their session finished or was aborted;
+operations of different sessions run concurrently on the worker threads.
+``read`` is not sequenced: it attaches the request as the session's output
+reader, which receives the chunks appends emit and is answered at close.
+Requests without the metadata go to ``compute_fn``. See SPEC §5.4.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, Protocol, cast, get_args
+
+import attrs
+
+from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.scheduling._support import error_message, result_message
+from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.simple import SimpleScheduler
+
+logger = logging.getLogger(__name__)
+
+SessionOp = Literal["open", "append", "close", "control", "read"]
+SESSION_OPS: Final[frozenset[str]] = frozenset(get_args(SessionOp))
+
+DEFAULT_MAX_OPEN_SESSIONS = 64
+DEFAULT_MAX_CONCURRENCY = 4
+DEFAULT_MAX_STATE_BYTES_PER_SESSION = 1 << 30
+
+
+@attrs.frozen
+class TimedChunk:
+    """One piece of session output, with its place on the session's timeline."""
+
+    data: Any
+    start_ms: float | None = None
+    end_ms: float | None = None
+    modality: str = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict form that travels as a ``stream`` message's data."""
+        return attrs.asdict(self, recurse=False)
+
+
+#: ``emit(chunk)``: stream one output chunk (a TimedChunk or its dict form).
+ChunkEmitter = Callable[[TimedChunk | Mapping[str, Any]], None]
+
+
+@attrs.frozen
+class SessionContext:
+    """What an ``append`` hook gets besides its input.
+
+    ``cancelled`` is set when the append is aborted, preempted by a
+    ``control`` with ``preempt``, or the scheduler stops: the hook should
+    stop work and return. ``emit`` streams output; it drops chunks once
+    ``cancelled`` is set.
+    """
+
+    session_id: str
+    request_id: str
+    cancelled: threading.Event
+    emit: ChunkEmitter
+
+
+class SessionHooks(Protocol):
+    """A stage's per-session callbacks.
+
+    Hooks of one session run one at a time, in arrival order; different
+    sessions may run concurrently. Optional extra members, found by name:
+    ``state_bytes(session_id) -> int`` (state held, checked against
+    ``max_state_bytes_per_session`` after open and every append),
+    ``control(session_id, payload) -> None`` and
+    ``warm_up_serving_thread() -> None``.
+    """
+
+    def open(self, session_id: str, request: OmniRequest) -> None:
+        """Create the session's state; on error release whatever was allocated."""
+        ...
+
+    def append(self, chunk: Any, payload: StagePayload, context: SessionContext) -> Any:
+        """Feed one chunk; return the request's result (normally ``payload``)."""
+        ...
+
+    def close(self, session_id: str) -> None:
+        """Release the session's state; must be idempotent."""
+        ...
+
+
+@attrs.frozen
+class SessionOperation:
+    """A request's parsed ``omni_session`` metadata."""
+
+    op: SessionOp
+    session_id: str
+    chunk: Any = None
+    has_chunk: bool = False
+    preempt: bool = False
+
+    @classmethod
+    def from_payload(cls, payload: object) -> SessionOperation | None:
+        """Parse ``payload.request.metadata``; None for a request outside any session."""
+        request = getattr(payload, "request", None)
+        if not isinstance(request, OmniRequest):
+            return None
+        raw = request.metadata.get(SESSION_METADATA_KEY)
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{SESSION_METADATA_KEY!r} metadata must be a mapping, got {type(raw).__name__}")
+        op = raw.get("op")
+        if op not in SESSION_OPS:
+            raise ValueError(f"unknown session operation {op!r}; expected one of {sorted(SESSION_OPS)}")
+        session_id = raw.get("session_id")
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError(f"session operation {op!r} needs a non-empty string session_id")
+        return cls(
+            op=cast(SessionOp, op),
+            session_id=session_id,
+            chunk=raw.get("chunk"),
+            has_chunk="chunk" in raw,
+            preempt=bool(raw.get("preempt", False)),
+        )
+
+
+@attrs.define(eq=False)
+class _Operation:
+    """One sequenced operation, from entering the inbox until it finished."""
+
+    request_id: str
+    session_id: str
+    op: SessionOp
+    started: bool = False
+    cancelled: threading.Event = attrs.field(factory=threading.Event)
+
+
+@attrs.define(eq=False)
+class _Session:
+    session_id: str
+    #: An operation of this session is running (stop leaves it to close the session).
+    busy: bool = False
+
+
+# compute's way of saying "nothing to emit now" (a read is answered at close).
+_NO_OUTPUT: Final = object()
+
+
+class _SessionInbox(queue.Queue[IncomingMessage]):
+    """An inbox that numbers session operations as they are put.
+
+    Registration and the put happen under one lock, so sequence order is
+    queue order even with several putters; workers then always find the
+    earliest operation of a session ahead of later ones.
+    """
+
+    def __init__(self, register: Callable[[IncomingMessage], None]) -> None:
+        super().__init__()
+        self._register = register
+        self._put_lock = threading.Lock()
+
+    def put(self, item: IncomingMessage, block: bool = True, timeout: float | None = None) -> None:
+        """Register ``item`` if it is a session operation, then queue it."""
+        with self._put_lock:
+            self._register(item)
+            super().put(item, block, timeout)
+
+
+class SessionScheduler(SimpleScheduler):
+    """A concurrent :class:`SimpleScheduler` that keeps per-session state.
+
+    ``open`` fails with :class:`QueueFullError` when ``max_open_sessions``
+    are open and with ``ValueError`` for a duplicate; a failed open or append
+    closes the session; ``close`` answers ``{"closed": True}`` even for an
+    unknown session and runs even if aborted, so state never leaks. ``stop``
+    cancels running appends and closes every session once idle.
+    """
+
+    def __init__(
+        self,
+        session_hooks: SessionHooks,
+        *,
+        compute_fn: Callable[[StagePayload], Any] | None = None,
+        max_open_sessions: int = DEFAULT_MAX_OPEN_SESSIONS,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        max_state_bytes_per_session: int = DEFAULT_MAX_STATE_BYTES_PER_SESSION,
+    ) -> None:
+        if max_open_sessions < 1:
+            raise ValueError(f"max_open_sessions must be at least 1, got {max_open_sessions}")
+        if max_state_bytes_per_session < 1:
+            raise ValueError(f"max_state_bytes_per_session must be at least 1, got {max_state_bytes_per_session}")
+        self.session_hooks = session_hooks
+        self.request_compute_fn = compute_fn
+        self.max_open_sessions = max_open_sessions
+        self.max_state_bytes_per_session = max_state_bytes_per_session
+        # One condition guards the tables below; operations wait on it for their turn.
+        self._cond = threading.Condition()
+        self._operations: dict[str, _Operation] = {}
+        self._order: dict[str, collections.deque[str]] = {}
+        self._sessions: dict[str, _Session] = {}
+        self._readers: dict[str, StagePayload] = {}
+        self._sessions_stopping = False
+        super().__init__(
+            self._compute,
+            max_concurrency=max_concurrency,
+            abort_callback=self._on_abort,
+            shutdown_callback=self._on_shutdown,
+        )
+        self.inbox = _SessionInbox(self._register)
+
+    def warm_up_serving_thread(self) -> None:
+        """Run the hooks' ``warm_up_serving_thread`` if they have one."""
+        warm_up = getattr(self.session_hooks, "warm_up_serving_thread", None)
+        if warm_up is not None:
+            warm_up()
+
+    def open_session_ids(self) -> list[str]:
+        """Ids of the sessions currently open here."""
+        with self._cond:
+            return list(self._sessions)
+
+    # ------------------------------------------------------------------
+    # Sequencing
+    # ------------------------------------------------------------------
+
+    def _register(self, msg: IncomingMessage) -> None:
+        if msg.type != "new_request":
+            return
+        try:
+            operation = SessionOperation.from_payload(msg.data)
+        except Exception:  # noqa: BLE001 - compute parses it again and fails the request
+            # put() runs on the stage's event loop, where raising would fail the put itself.
+            return
+        if operation is None or operation.op == "read":
+            return
+        with self._cond:
+            record = _Operation(msg.request_id, operation.session_id, operation.op)
+            self._operations[msg.request_id] = record
+            order = self._order.setdefault(operation.session_id, collections.deque())
+            order.append(msg.request_id)
+            if operation.op == "control" and operation.preempt:
+                # Preemption must act now: sequenced, it would wait for the very
+                # appends it is meant to cut short.
+                for earlier in order:
+                    if self._operations[earlier].op == "append":
+                        self._operations[earlier].cancelled.set()
+
+    def _retire_locked(self, record: _Operation) -> None:
+        """Let the session's next operation go; the caller holds ``_cond``."""
+        self._operations.pop(record.request_id, None)
+        order = self._order.get(record.session_id)
+        if order is not None and record.request_id in order:
+            order.remove(record.request_id)
+            if not order:
+                del self._order[record.session_id]
+        self._cond.notify_all()
+
+    def _begin(self, request_id: str) -> _Operation | None:
+        """Wait for the operation's turn; None if an abort retired it first."""
+        with self._cond:
+            while True:
+                record = self._operations.get(request_id)
+                if record is None:
+                    return None
+                if self._sessions_stopping:
+                    self._retire_locked(record)
+                    raise RuntimeError("session scheduler is stopping")
+                if self._order[record.session_id][0] == request_id:
+                    record.started = True
+                    session = self._sessions.get(record.session_id)
+                    if session is not None:
+                        session.busy = True
+                    return record
+                self._cond.wait()
+
+    def _end(self, record: _Operation) -> None:
+        with self._cond:
+            self._retire_locked(record)
+            session = self._sessions.get(record.session_id)
+            close_now = False
+            if session is not None:
+                session.busy = False
+                close_now = self._sessions_stopping
+        if close_now:
+            # stop() found this session busy and left its closing to us.
+            self._close_session(
+                record.session_id, failure=RuntimeError("session scheduler stopped"), raise_errors=False
+            )
+
+    def _skip_before_compute(self, msg: IncomingMessage) -> bool:
+        if not self.is_aborted(msg.request_id):
+            return False
+        with self._cond:
+            record = self._operations.get(msg.request_id)
+            if record is not None and record.op == "close":
+                # A close runs even when aborted, or the session's state would leak;
+                # its output is still dropped afterwards.
+                return False
+            if record is not None:
+                self._retire_locked(record)
+        return super()._skip_before_compute(msg)
+
+    # ------------------------------------------------------------------
+    # Operations
+    # ------------------------------------------------------------------
+
+    def _compute(self, payload: StagePayload) -> Any:
+        operation = SessionOperation.from_payload(payload)
+        if operation is None:
+            if self.request_compute_fn is None:
+                raise ValueError("this stage has no compute_fn for requests outside a session")
+            return self.request_compute_fn(payload)
+        if operation.op == "read":
+            return self._attach_reader(operation, payload)
+        record = self._begin(payload.request_id)
+        if record is None:
+            return _NO_OUTPUT
+        try:
+            if operation.op == "open":
+                return self._open(operation, payload)
+            if operation.op == "append":
+                return self._append(operation, payload, record)
+            if operation.op == "close":
+                self._close_session(operation.session_id, failure=None, raise_errors=True)
+                payload.data = {"closed": True}
+                return payload
+            return self._control(operation, payload)
+        finally:
+            self._end(record)
+
+    def _open(self, operation: SessionOperation, payload: StagePayload) -> StagePayload:
+        session_id = operation.session_id
+        with self._cond:
+            if session_id in self._sessions:
+                raise ValueError(f"session {session_id!r} is already open")
+            if len(self._sessions) >= self.max_open_sessions:
+                raise QueueFullError(
+                    f"cannot open session {session_id!r}: {self.max_open_sessions} sessions are already open"
+                )
+            self._sessions[session_id] = _Session(session_id, busy=True)
+        try:
+            self.session_hooks.open(session_id, payload.request)
+            self._check_budget(session_id)
+        except BaseException as exc:
+            self._close_session(session_id, failure=exc, raise_errors=False)
+            raise
+        payload.data = {"opened": True}
+        return payload
+
+    def _append(self, operation: SessionOperation, payload: StagePayload, record: _Operation) -> Any:
+        session_id = operation.session_id
+        with self._cond:
+            if session_id not in self._sessions:
+                raise ValueError(f"session {session_id!r} is not open")
+        context = SessionContext(
+            session_id=session_id,
+            request_id=payload.request_id,
+            cancelled=record.cancelled,
+            emit=functools.partial(self._emit_chunk, session_id, payload.request_id, record.cancelled),
+        )
+        chunk = operation.chunk if operation.has_chunk else payload.data
+        try:
+            result = self.session_hooks.append(chunk, payload, context)
+            self._check_budget(session_id)
+        except BaseException as exc:
+            self._close_session(session_id, failure=exc, raise_errors=False)
+            raise
+        return result
+
+    def _control(self, operation: SessionOperation, payload: StagePayload) -> StagePayload:
+        with self._cond:
+            if operation.session_id not in self._sessions:
+                raise ValueError(f"session {operation.session_id!r} is not open")
+        control = getattr(self.session_hooks, "control", None)
+        if control is not None:
+            control(operation.session_id, payload)
+        payload.data = {"controlled": True}
+        return payload
+
+    def _attach_reader(self, operation: SessionOperation, payload: StagePayload) -> object:
+        session_id = operation.session_id
+        with self._cond:
+            if self._sessions_stopping:
+                raise RuntimeError("session scheduler is stopping")
+            if session_id in self._readers:
+                raise ValueError(f"session {session_id!r} already has a reader")
+            if session_id not in self._sessions and session_id not in self._order:
+                raise ValueError(f"session {session_id!r} is not open")
+            # Checked under the lock that _on_abort takes: an abort either
+            # lands before (no attach) or detaches right after.
+            if not self.is_aborted(payload.request_id):
+                self._readers[session_id] = payload
+        return _NO_OUTPUT
+
+    def _check_budget(self, session_id: str) -> None:
+        state_bytes = getattr(self.session_hooks, "state_bytes", None)
+        if state_bytes is None:
+            return
+        used = int(state_bytes(session_id))
+        if used > self.max_state_bytes_per_session:
+            raise QueueFullError(
+                f"session {session_id!r} holds {used} bytes of state, "
+                f"over its budget of {self.max_state_bytes_per_session}"
+            )
+
+    def _emit_chunk(
+        self,
+        session_id: str,
+        request_id: str,
+        cancelled: threading.Event,
+        chunk: TimedChunk | Mapping[str, Any],
+    ) -> None:
+        data = chunk.to_dict() if isinstance(chunk, TimedChunk) else dict(chunk)
+        if cancelled.is_set():
+            return
+        with self._cond:
+            reader = self._readers.get(session_id)
+        target = reader.request_id if reader is not None else request_id
+        modality = data.get("modality")
+        self.outbox.put(
+            OutgoingMessage(
+                request_id=target,
+                type="stream",
+                data=data,
+                metadata=None if modality is None else {"modality": modality},
+            )
+        )
+
+    def _close_session(self, session_id: str, *, failure: BaseException | None, raise_errors: bool) -> None:
+        """Release a session (if open here) and answer its reader (if any)."""
+        with self._cond:
+            session = self._sessions.pop(session_id, None)
+            reader = self._readers.pop(session_id, None)
+        close_error: Exception | None = None
+        if session is not None:
+            try:
+                self.session_hooks.close(session_id)
+            except Exception as exc:
+                logger.exception("SessionScheduler: closing session %r failed", session_id)
+                close_error = exc
+        if reader is not None:
+            error = failure if failure is not None else close_error
+            if error is None:
+                reader.data = {"closed": True}
+                self.outbox.put(result_message(reader.request_id, reader))
+            else:
+                self.outbox.put(error_message(reader.request_id, error))
+        if close_error is not None and raise_errors:
+            raise close_error
+
+    # ------------------------------------------------------------------
+    # Abort, stop, output
+    # ------------------------------------------------------------------
+
+    def _on_abort(self, request_id: str) -> None:
+        with self._cond:
+            record = self._operations.get(request_id)
+            if record is not None:
+                record.cancelled.set()
+                if not record.started and record.op != "close":
+                    # "Finished or aborted": later operations need not wait for it.
+                    self._retire_locked(record)
+            for session_id, reader in list(self._readers.items()):
+                if reader.request_id == request_id:
+                    del self._readers[session_id]
+
+    def _on_shutdown(self) -> None:
+        with self._cond:
+            self._sessions_stopping = True
+            for record in self._operations.values():
+                record.cancelled.set()
+            idle = [sid for sid, session in self._sessions.items() if not session.busy]
+            orphan_readers = [sid for sid in self._readers if sid not in self._sessions]
+            self._cond.notify_all()
+        for session_id in idle + orphan_readers:
+            self._close_session(session_id, failure=RuntimeError("session scheduler stopped"), raise_errors=False)
+
+    def _emit_result(self, request_id: str, result: object) -> None:
+        if result is not _NO_OUTPUT:
+            super()._emit_result(request_id, result)

@@ -1,0 +1,334 @@
+"""SimpleScheduler: run a function per request, optionally batched or concurrent.
+
+For stages that just run a function (preprocessing, encoders, decode). Serial
+mode (``max_concurrency == 1``) can coalesce requests into batches for a
+``batch_compute_fn``; concurrent mode runs ``compute_fn`` on N worker threads.
+See SPEC §5.1.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omni_trio.scheduling._support import (
+    WAKEUP,
+    SyncIdSet,
+    ThreadLoop,
+    call_logged,
+    call_sync_or_async,
+    error_message,
+    result_message,
+)
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+
+logger = logging.getLogger(__name__)
+
+#: ``compute_fn(payload)``: returns the result, or a coroutine/awaitable of it.
+ComputeFn = Callable[[Any], Any]
+#: ``batch_compute_fn(payloads)``: returns (an awaitable of) a same-length
+#: sequence; an element that is an exception fails only its request.
+BatchComputeFn = Callable[[list[Any]], Any]
+
+
+class SimpleScheduler:
+    """Runs ``compute_fn`` (or ``batch_compute_fn``) for each ``new_request``.
+
+    Serial mode takes one message at a time and may gather a batch: with
+    ``batch_wait_when_idle=False`` (the default) an idle stage runs a lone
+    request at once and the ``max_batch_wait_ms`` window opens only when a
+    second request joins; a backlog still batches fully. Concurrent mode
+    (``max_concurrency > 1``) runs that many worker threads, no batching.
+
+    Every exception from user compute becomes an ``error`` message for the
+    request(s) it belongs to; the loop keeps serving. Aborted requests never
+    enter a batch and their outputs are dropped.
+    """
+
+    def __init__(
+        self,
+        compute_fn: ComputeFn,
+        *,
+        batch_compute_fn: BatchComputeFn | None = None,
+        max_batch_size: int = 1,
+        max_batch_wait_ms: float = 0,
+        batch_wait_when_idle: bool = False,
+        request_cost_fn: Callable[[Any], int] | None = None,
+        max_batch_cost: int | None = None,
+        max_concurrency: int = 1,
+        abort_callback: Callable[[str], object] | None = None,
+        shutdown_callback: Callable[[], object] | None = None,
+        request_arrival_hook: Callable[[Any], object] | None = None,
+    ) -> None:
+        self.max_concurrency = max(int(max_concurrency), 1)
+        if self.max_concurrency > 1 and batch_compute_fn is not None:
+            raise ValueError("max_concurrency > 1 and batch_compute_fn are mutually exclusive")
+        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.compute_fn = compute_fn
+        self.batch_compute_fn = batch_compute_fn
+        self.max_batch_size = max(int(max_batch_size), 1)
+        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
+        self.batch_wait_when_idle = bool(batch_wait_when_idle)
+        self.request_cost_fn = request_cost_fn
+        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self.abort_callback = abort_callback
+        self.request_arrival_hook = request_arrival_hook
+        #: Messages taken from the inbox but not handled yet; served before the inbox.
+        self.pending_messages: collections.deque[IncomingMessage] = collections.deque()
+        self._shutdown_callback = shutdown_callback
+        self._shutdown_lock = threading.Lock()
+        self._aborted = SyncIdSet()
+        self._stopping = threading.Event()
+        self._workers_lock = threading.Lock()
+        self._live_workers = 0
+
+    # ------------------------------------------------------------------
+    # StageScheduler contract
+    # ------------------------------------------------------------------
+
+    def warm_up_serving_thread(self) -> None:
+        """Build thread-local state on the scheduler thread (nothing by default)."""
+
+    def start(self) -> None:
+        """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
+        if self.max_concurrency > 1:
+            self._serve_concurrently()
+        else:
+            self._serve_serially()
+
+    def stop(self) -> None:
+        """Make ``start`` return; safe before, during or after ``start``, and repeatable.
+
+        The ``wakeup`` sentinel unblocks a ``start`` waiting on the inbox; a
+        compute already running finishes first. ``shutdown_callback`` runs
+        on the first call only.
+        """
+        self._stopping.set()
+        self.inbox.put(WAKEUP)
+        with self._shutdown_lock:
+            callback, self._shutdown_callback = self._shutdown_callback, None
+        call_logged(callback, what=f"{type(self).__name__} shutdown_callback")
+
+    def abort(self, request_id: str) -> None:
+        """Drop ``request_id``: skip it if queued, drop its output if running.
+
+        ``abort_callback`` runs once per id, however many times it is aborted.
+        """
+        if self._aborted.add(request_id):
+            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+
+    def enqueue(self, msg: IncomingMessage) -> None:
+        """Hand a message to the scheduler (stage event loop; never blocks).
+
+        Runs ``request_arrival_hook`` for a ``new_request`` first, so a stage
+        can account for the request before the scheduler thread sees it.
+        """
+        if msg.type == "new_request" and self.request_arrival_hook is not None:
+            self.request_arrival_hook(msg.data)
+        self.inbox.put(msg)
+
+    def is_aborted(self, request_id: str) -> bool:
+        """Whether ``request_id`` was aborted here.
+
+        Aborted ids stay remembered (in a bounded set, oldest forgotten
+        first) rather than being consumed when their message is skipped, so
+        a repeated abort never runs ``abort_callback`` a second time.
+        """
+        return request_id in self._aborted
+
+    # ------------------------------------------------------------------
+    # Serial mode
+    # ------------------------------------------------------------------
+
+    def _serve_serially(self) -> None:
+        loop = ThreadLoop()
+        try:
+            while not self._stopping.is_set():
+                msg = self._next_message()
+                if msg.type != "new_request" or self._skip_before_compute(msg):
+                    continue
+                self._process(msg, loop)
+        finally:
+            loop.close()
+
+    def _next_message(self) -> IncomingMessage:
+        if self.pending_messages:
+            return self.pending_messages.popleft()
+        return self.inbox.get()
+
+    def message_cost(self, msg: IncomingMessage) -> int:
+        """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""
+        if self.request_cost_fn is None or msg.type != "new_request":
+            return 0
+        return max(int(self.request_cost_fn(msg.data)), 0)
+
+    def collect_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
+        """Gather the batch that ``first`` opens (SPEC §5.1 step 3).
+
+        Only a batch function with ``max_batch_size > 1`` gathers. Requests
+        already queued always join; the loop waits for more only while the
+        window is armed: from ``first`` if ``batch_wait_when_idle``, else from
+        the moment a second request joins. A request over ``max_batch_cost``
+        goes back to the front of ``pending_messages`` (``first`` is always
+        admitted); other message types go to its back. Aborted requests are
+        dropped here and never enter the batch.
+        """
+        batch = [first]
+        if self.batch_compute_fn is None or self.max_batch_size <= 1:
+            return batch
+        cost = self.message_cost(first) if self.max_batch_cost is not None else 0
+        deadline = time.monotonic() + self.max_batch_wait_s if self.batch_wait_when_idle else None
+        while len(batch) < self.max_batch_size:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                if deadline is None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    # The one timed wait: the batching window's real deadline.
+                    msg = self.inbox.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if msg.type != "new_request":
+                self.pending_messages.append(msg)
+                if msg.type == "wakeup":
+                    # Stopping: run what we have instead of sitting out the window.
+                    break
+                continue
+            if self._skip_before_compute(msg):
+                continue
+            if self.max_batch_cost is not None:
+                try:
+                    msg_cost = self.message_cost(msg)
+                except Exception as exc:
+                    logger.exception("request_cost_fn failed for %s", msg.request_id)
+                    self._emit_error(msg.request_id, exc)
+                    continue
+                if cost + msg_cost > self.max_batch_cost:
+                    self.pending_messages.appendleft(msg)
+                    break
+                cost += msg_cost
+            batch.append(msg)
+            if deadline is None:
+                deadline = time.monotonic() + self.max_batch_wait_s
+        return batch
+
+    def _process(self, first: IncomingMessage, loop: ThreadLoop) -> None:
+        try:
+            batch = self.collect_batch(first)
+        except Exception as exc:
+            # Only the first request's own cost can fail here; joiners are handled inside.
+            logger.exception("%s: collecting a batch failed for %s", type(self).__name__, first.request_id)
+            self._fail([first], exc)
+            return
+        # Aborts that landed during the window still keep their request out of the batch.
+        live = [msg for msg in batch if not self._skip_before_compute(msg)]
+        if not live:
+            return
+        if self.batch_compute_fn is None or len(live) == 1:
+            for msg in live:
+                self._run_one(msg, loop)
+        else:
+            self._run_batch(live, loop)
+
+    def _run_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
+        assert self.batch_compute_fn is not None
+        try:
+            results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
+            if not isinstance(results, Sequence) or len(results) != len(batch):
+                count = len(results) if isinstance(results, Sequence) else type(results).__name__
+                raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
+        except Exception as exc:
+            logger.exception("%s: batch of %d failed", type(self).__name__, len(batch))
+            self._fail(batch, exc)
+            return
+        for msg, result in zip(batch, results, strict=True):
+            if self.is_aborted(msg.request_id):
+                continue
+            if isinstance(result, BaseException):
+                self._emit_error(msg.request_id, result)
+            else:
+                self._emit_result(msg.request_id, result)
+
+    # ------------------------------------------------------------------
+    # Concurrent mode
+    # ------------------------------------------------------------------
+
+    def _serve_concurrently(self) -> None:
+        with self._workers_lock:
+            self._live_workers = self.max_concurrency
+        base = threading.current_thread().name
+        workers = [
+            threading.Thread(target=self._worker, name=f"{base}-worker-{i}", daemon=True)
+            for i in range(self.max_concurrency)
+        ]
+        for worker in workers:
+            worker.start()
+        # Workers take straight from the inbox (no bridge queue that could strand
+        # messages at stop) and must not outlive start().
+        for worker in workers:
+            worker.join()
+
+    def _worker(self) -> None:
+        loop = ThreadLoop()
+        try:
+            while not self._stopping.is_set():
+                msg = self.inbox.get()
+                if msg.type != "new_request" or self._skip_before_compute(msg):
+                    continue
+                # A message once taken is always seen through, even if stop()
+                # came meanwhile: nothing taken from the inbox is lost.
+                self._run_one(msg, loop)
+        finally:
+            loop.close()
+            with self._workers_lock:
+                self._live_workers -= 1
+                others_alive = self._live_workers > 0
+            if others_alive:
+                # stop() put one sentinel; pass one on so each blocked sibling wakes.
+                self.inbox.put(WAKEUP)
+
+    # ------------------------------------------------------------------
+    # Shared by both modes
+    # ------------------------------------------------------------------
+
+    def _run_one(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
+        request_id = msg.request_id
+        try:
+            result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)
+        except Exception as exc:
+            if self.is_aborted(request_id):
+                return
+            logger.exception("%s: compute_fn failed for %s", type(self).__name__, request_id)
+            self._emit_error(request_id, exc)
+            return
+        if self.is_aborted(request_id):
+            return
+        self._emit_result(request_id, result)
+
+    def _skip_before_compute(self, msg: IncomingMessage) -> bool:
+        """True if ``msg``'s request was aborted and must not be computed.
+
+        Subclasses that track per-request state hook in here.
+        """
+        return self.is_aborted(msg.request_id)
+
+    def _fail(self, batch: list[IncomingMessage], exc: BaseException) -> None:
+        for msg in batch:
+            if not self.is_aborted(msg.request_id):
+                self._emit_error(msg.request_id, exc)
+
+    def _emit_result(self, request_id: str, result: object) -> None:
+        self.outbox.put(result_message(request_id, result))
+
+    def _emit_error(self, request_id: str, error: BaseException) -> None:
+        self.outbox.put(error_message(request_id, error))

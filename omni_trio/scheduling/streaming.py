@@ -1,0 +1,496 @@
+"""StreamingSimpleScheduler: a base for stages that consume upstream streams.
+
+Vocoders and streaming detokenisers receive ``stream_chunk`` messages (one
+``StreamItem`` each), a ``stream_done`` that routinely lands *before* the
+request's payload (the upstream sends done signals before routing its
+result), and ``new_request`` payloads. Subclasses implement the hooks;
+non-streaming payloads are computed like :class:`SimpleScheduler` does.
+See SPEC §5.3.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from omni_trio.payload import StagePayload, StreamItem
+from omni_trio.scheduling._support import (
+    WAKEUP,
+    SyncIdSet,
+    ThreadLoop,
+    call_logged,
+    call_sync_or_async,
+    error_message,
+    result_message,
+)
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.simple import BatchComputeFn, ComputeFn
+
+logger = logging.getLogger(__name__)
+
+
+class StreamingSimpleScheduler:
+    """Scheduler base for simple stages with streaming input.
+
+    Streaming requests (``is_streaming_payload`` is True) are set up with
+    ``on_streaming_new_request``, fed with ``on_stream_chunk`` (chunks that
+    arrive before the payload too: the subclass owns state for ids it has
+    not seen a payload for) and completed by ``on_stream_done``. A done
+    signal without a payload yet is remembered in :attr:`pending_done` and
+    handled when the payload arrives; ``on_stream_done_before_payload``
+    emits what is owed at once. Non-streaming requests go to ``compute_fn``
+    / ``batch_compute_fn``.
+
+    Class knobs: ``can_batch_stream_chunks`` hands already-queued consecutive
+    chunks to ``on_stream_chunk_batch`` at once (up to
+    ``stream_chunk_batch_max``, else ``max_batch_size``), and
+    ``stream_chunk_batch_distinct_requests`` ends such a batch at the first
+    repeated request id.
+    """
+
+    can_batch_stream_chunks: bool = False
+    stream_chunk_batch_max: int | None = None
+    stream_chunk_batch_distinct_requests: bool = False
+
+    def __init__(
+        self,
+        compute_fn: ComputeFn | None,
+        *,
+        batch_compute_fn: BatchComputeFn | None = None,
+        max_batch_size: int = 1,
+        max_batch_wait_ms: float = 0,
+        batch_wait_when_idle: bool = False,
+        request_cost_fn: Callable[[Any], int] | None = None,
+        max_batch_cost: int | None = None,
+        abort_callback: Callable[[str], object] | None = None,
+    ) -> None:
+        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.compute_fn = compute_fn
+        self.batch_compute_fn = batch_compute_fn
+        self.max_batch_size = max(int(max_batch_size), 1)
+        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
+        self.batch_wait_when_idle = bool(batch_wait_when_idle)
+        self.request_cost_fn = request_cost_fn
+        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self.abort_callback = abort_callback
+        #: Payloads of streaming requests, by request id, until they complete.
+        self.stream_payloads: dict[str, StagePayload] = {}
+        #: Requests whose ``stream_done`` arrived before their payload.
+        self.pending_done: set[str] = set()
+        #: Messages taken from the inbox but not handled yet; served first.
+        self.pending_messages: collections.deque[IncomingMessage] = collections.deque()
+        #: Held while hooks run on request state; re-entrant so hooks may call
+        #: back into :meth:`complete_stream_request`.
+        self.state_lock = threading.RLock()
+        self.aborted_request_ids = SyncIdSet()
+        #: Requests that finished here; a late ``stream_done`` or chunk for
+        #: them is ignored instead of creating state nobody will clear.
+        self.completed_request_ids = SyncIdSet()
+        self._stopping = threading.Event()
+
+    # ------------------------------------------------------------------
+    # Hooks for subclasses
+    # ------------------------------------------------------------------
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        """Whether ``payload`` starts a streaming request (default: never)."""
+        return False
+
+    def validate_non_streaming_payload(self, payload: StagePayload) -> None:
+        """Raise to fail a non-streaming request before it is computed."""
+
+    def on_streaming_new_request(self, request_id: str, payload: StagePayload) -> None:
+        """A streaming request's payload arrived (it is in :attr:`stream_payloads`)."""
+
+    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
+        """Handle one chunk (called under :attr:`state_lock`); return messages to emit."""
+        return []
+
+    def on_stream_chunk_batch(self, items: list[tuple[str, StreamItem]]) -> None:
+        """Handle several queued chunks; called without the lock, return ignored.
+
+        The default feeds them one by one to :meth:`on_stream_chunk`; an error
+        fails and aborts only that chunk's request. Overrides own their
+        locking and put their output into :attr:`outbox` themselves.
+        """
+        for request_id, item in items:
+            if self.is_aborted(request_id):
+                continue
+            try:
+                self.handle_stream_chunk(request_id, item)
+            except Exception as exc:
+                logger.exception("%s: stream chunk failed for %s", type(self).__name__, request_id)
+                self.emit_error(request_id, exc)
+                self.abort(request_id)
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage] | None:
+        """The stream ended and the payload is here: return the completing messages.
+
+        Return ``None`` to finish later through :meth:`complete_stream_request`.
+        """
+        return []
+
+    def on_stream_done_before_payload(self, request_id: str) -> list[OutgoingMessage]:
+        """Output owed the moment the stream ends, before the payload arrived.
+
+        For example an already decoded tail: it must not wait for the payload,
+        which travels on another path. Completion still waits for the payload.
+        """
+        return []
+
+    def clear_stream_state(self, request_id: str) -> None:
+        """Drop the subclass's state for ``request_id`` (completion or abort)."""
+
+    def has_ready_work(self) -> bool:
+        """True when :meth:`run_ready_step` can compute on already-ingested state."""
+        return False
+
+    def run_ready_step(self) -> None:
+        """One compute step on already-ingested state; runs when the inbox is empty.
+
+        An exception here is not tied to a request: it ends ``start`` (the
+        stage then treats the scheduler as crashed).
+        """
+
+    # ------------------------------------------------------------------
+    # StageScheduler contract
+    # ------------------------------------------------------------------
+
+    def warm_up_serving_thread(self) -> None:
+        """Build thread-local state on the scheduler thread (nothing by default)."""
+
+    def start(self) -> None:
+        """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
+        loop = ThreadLoop()
+        try:
+            while not self._stopping.is_set():
+                if self.has_ready_work():
+                    # Ingest whatever is queued before stepping, so the step
+                    # sees the freshest state; step only when nothing is queued.
+                    msg = self._take_nowait()
+                    if msg is None:
+                        self.run_ready_step()
+                        continue
+                else:
+                    msg = self._take()
+                if msg.type == "wakeup" or self.is_aborted(msg.request_id):
+                    continue
+                try:
+                    self.handle_message(msg, loop)
+                except Exception as exc:
+                    logger.exception("%s failed for %s", type(self).__name__, msg.request_id)
+                    self.emit_error(msg.request_id, exc)
+                    self.abort(msg.request_id)
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        """Make ``start`` return; the ``wakeup`` sentinel unblocks a waiting loop."""
+        self._stopping.set()
+        self.inbox.put(WAKEUP)
+
+    def abort(self, request_id: str) -> None:
+        """Drop the request's state and ignore its later messages.
+
+        ``abort_callback`` runs once per id, however many times it is aborted.
+        """
+        fresh = self.aborted_request_ids.add(request_id)
+        self.clear_request_state(request_id, keep_aborted=True)
+        if fresh:
+            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+
+    def is_aborted(self, request_id: str) -> bool:
+        """Whether ``request_id`` was aborted here."""
+        return request_id in self.aborted_request_ids
+
+    # ------------------------------------------------------------------
+    # Dispatch
+    # ------------------------------------------------------------------
+
+    def handle_message(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
+        """Handle one message from the inbox (exceptions fail its request)."""
+        if msg.type == "new_request":
+            self.handle_new_request(msg, loop)
+        elif msg.type == "stream_chunk":
+            if self.can_batch_stream_chunks:
+                self.handle_stream_chunk_batch(self.collect_stream_chunk_batch(msg))
+            else:
+                self.handle_stream_chunk(msg.request_id, msg.data)
+        elif msg.type == "stream_done":
+            self.handle_stream_done(msg.request_id)
+        else:
+            raise ValueError(f"unsupported streaming scheduler message type: {msg.type!r}")
+
+    def _take(self) -> IncomingMessage:
+        if self.pending_messages:
+            return self.pending_messages.popleft()
+        return self.inbox.get()
+
+    def _take_nowait(self) -> IncomingMessage | None:
+        if self.pending_messages:
+            return self.pending_messages.popleft()
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    # ------------------------------------------------------------------
+    # new_request
+    # ------------------------------------------------------------------
+
+    def handle_new_request(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
+        """Set up a streaming request, or compute a (batch of) non-streaming one(s)."""
+        if self.is_streaming_payload(msg.data):
+            self.handle_streaming_new_request(msg.request_id, msg.data)
+            return
+        self.run_non_streaming_batch(self.collect_new_request_batch(msg), loop)
+
+    def message_cost(self, msg: IncomingMessage) -> int:
+        """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""
+        if self.request_cost_fn is None or msg.type != "new_request":
+            return 0
+        return max(int(self.request_cost_fn(msg.data)), 0)
+
+    def collect_new_request_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
+        """Gather non-streaming requests that can join ``first``'s batch.
+
+        ``first`` is known not to be streaming. Messages are taken from
+        ``pending_messages`` first, then the inbox; the window is armed as in
+        :meth:`SimpleScheduler.collect_batch` (at ``first`` only with
+        ``batch_wait_when_idle``). A ``stream_done`` for a request without a
+        stream payload is set aside and the search goes on; any other message,
+        a streaming payload or a cost overflow is set aside and ends it. Set
+        aside messages go back to the front of ``pending_messages`` in
+        arrival order.
+        """
+        batch = [first]
+        if self.batch_compute_fn is None or self.max_batch_size <= 1:
+            return batch
+        deferred: list[IncomingMessage] = []
+        cost = self.message_cost(first) if self.max_batch_cost is not None else 0
+        deadline = time.monotonic() + self.max_batch_wait_s if self.batch_wait_when_idle else None
+        while len(batch) < self.max_batch_size:
+            msg = self._take_nowait()
+            if msg is None:
+                if deadline is None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    # The one timed wait: the batching window's real deadline.
+                    msg = self.inbox.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if msg.type == "wakeup":
+                deferred.append(msg)
+                break
+            if self.is_aborted(msg.request_id):
+                continue
+            if msg.type != "new_request":
+                deferred.append(msg)
+                if msg.type == "stream_done" and msg.request_id not in self.stream_payloads:
+                    # Done-before-payload only latches state; keep looking.
+                    continue
+                break
+            try:
+                streaming = self.is_streaming_payload(msg.data)
+                msg_cost = self.message_cost(msg) if self.max_batch_cost is not None else 0
+            except Exception as exc:
+                logger.exception("%s: admitting %s failed", type(self).__name__, msg.request_id)
+                self.emit_error(msg.request_id, exc)
+                self.abort(msg.request_id)
+                continue
+            if streaming:
+                deferred.append(msg)
+                break
+            if self.max_batch_cost is not None:
+                if cost + msg_cost > self.max_batch_cost:
+                    deferred.append(msg)
+                    break
+                cost += msg_cost
+            batch.append(msg)
+            if deadline is None:
+                deadline = time.monotonic() + self.max_batch_wait_s
+        self.pending_messages.extendleft(reversed(deferred))
+        return batch
+
+    def handle_streaming_new_request(self, request_id: str, payload: StagePayload) -> None:
+        """Store a streaming payload; finish at once if its done already came."""
+        self.aborted_request_ids.discard(request_id)
+        with self.state_lock:
+            self.completed_request_ids.discard(request_id)
+            self.stream_payloads[request_id] = payload
+            self.on_streaming_new_request(request_id, payload)
+            if request_id in self.pending_done:
+                self.pending_done.discard(request_id)
+                self.handle_stream_done(request_id)
+
+    def run_non_streaming_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
+        """Validate and compute non-streaming requests, singly or as one batch."""
+        active = [msg for msg in batch if not self.is_aborted(msg.request_id)]
+        with self.state_lock:
+            for msg in active:
+                self.pending_done.discard(msg.request_id)
+        valid: list[IncomingMessage] = []
+        for msg in active:
+            try:
+                self.validate_non_streaming_payload(msg.data)
+            except Exception as exc:  # noqa: BLE001 - the error message carries it to the caller
+                self._finish_non_streaming(msg.request_id, exc)
+                continue
+            valid.append(msg)
+        if self.batch_compute_fn is None or len(valid) <= 1:
+            for msg in valid:
+                if self.is_aborted(msg.request_id):
+                    continue
+                try:
+                    result = self.run_compute(msg.data, loop)
+                except Exception as exc:
+                    logger.exception("%s: compute_fn failed for %s", type(self).__name__, msg.request_id)
+                    result = exc
+                self._finish_non_streaming(msg.request_id, result)
+            return
+        try:
+            results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in valid], loop=loop)
+            if not isinstance(results, Sequence) or len(results) != len(valid):
+                count = len(results) if isinstance(results, Sequence) else type(results).__name__
+                raise ValueError(f"batch_compute_fn returned {count} results for {len(valid)} requests")
+        except Exception as exc:
+            logger.exception("%s: batch of %d failed", type(self).__name__, len(valid))
+            for msg in valid:
+                self._finish_non_streaming(msg.request_id, exc)
+            return
+        for msg, result in zip(valid, results, strict=True):
+            self._finish_non_streaming(msg.request_id, result)
+
+    def run_compute(self, payload: StagePayload, loop: ThreadLoop) -> Any:
+        """Run ``compute_fn`` on one non-streaming payload."""
+        if self.compute_fn is None:
+            raise RuntimeError(f"{type(self).__name__} does not support non-streaming compute")
+        return call_sync_or_async(self.compute_fn, payload, loop=loop)
+
+    def _finish_non_streaming(self, request_id: str, outcome: object) -> None:
+        # An exception object as the outcome fails only this request.
+        if self.is_aborted(request_id):
+            return
+        if isinstance(outcome, BaseException):
+            self.emit_error(request_id, outcome)
+        else:
+            self.emit_result(request_id, outcome)
+        self.completed_request_ids.add(request_id)
+
+    # ------------------------------------------------------------------
+    # stream_chunk / stream_done
+    # ------------------------------------------------------------------
+
+    def collect_stream_chunk_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
+        """``first`` plus already-queued consecutive chunks (never waits)."""
+        batch = [first]
+        seen = {first.request_id} if self.stream_chunk_batch_distinct_requests else None
+        cap = self.stream_chunk_batch_max or self.max_batch_size
+        while len(batch) < cap:
+            msg = self._take_nowait()
+            if msg is None:
+                break
+            if msg.type != "stream_chunk":
+                self.pending_messages.appendleft(msg)
+                break
+            if self.is_aborted(msg.request_id):
+                continue
+            if seen is not None:
+                if msg.request_id in seen:
+                    self.pending_messages.appendleft(msg)
+                    break
+                seen.add(msg.request_id)
+            batch.append(msg)
+        return batch
+
+    def validate_stream_chunk_item(self, request_id: str, item: object) -> StreamItem:
+        """Check that a ``stream_chunk`` carries a :class:`StreamItem`."""
+        if not isinstance(item, StreamItem):
+            raise TypeError(
+                f"{type(self).__name__} expected a StreamItem for {request_id!r}, got {type(item).__name__}"
+            )
+        return item
+
+    def handle_stream_chunk(self, request_id: str, item: object) -> None:
+        """Feed one chunk to :meth:`on_stream_chunk` and emit its messages."""
+        chunk = self.validate_stream_chunk_item(request_id, item)
+        if request_id in self.completed_request_ids:
+            # The request already finished here; new state for it would leak.
+            return
+        with self.state_lock:
+            self._put_unless_aborted(request_id, self.on_stream_chunk(request_id, chunk))
+
+    def handle_stream_chunk_batch(self, batch: list[IncomingMessage]) -> None:
+        """Validate a chunk batch and hand it to :meth:`on_stream_chunk_batch`."""
+        items: list[tuple[str, StreamItem]] = []
+        for msg in batch:
+            if self.is_aborted(msg.request_id) or msg.request_id in self.completed_request_ids:
+                continue
+            try:
+                items.append((msg.request_id, self.validate_stream_chunk_item(msg.request_id, msg.data)))
+            except Exception as exc:  # noqa: BLE001 - the error message carries it to the caller
+                self.emit_error(msg.request_id, exc)
+                self.abort(msg.request_id)
+        items = [(rid, item) for rid, item in items if not self.is_aborted(rid)]
+        if items:
+            self.on_stream_chunk_batch(items)
+
+    def handle_stream_done(self, request_id: str) -> None:
+        """End of the request's stream: complete it, or latch it until the payload."""
+        with self.state_lock:
+            if request_id not in self.stream_payloads:
+                if request_id in self.completed_request_ids:
+                    return
+                self.pending_done.add(request_id)
+                self._put_unless_aborted(request_id, self.on_stream_done_before_payload(request_id))
+                return
+            messages = self.on_stream_done(request_id)
+            if messages is not None:
+                self.complete_stream_request(request_id, messages)
+
+    def complete_stream_request(self, request_id: str, messages: Iterable[OutgoingMessage]) -> None:
+        """Emit a streaming request's final messages and clear its state.
+
+        Called by the base for ``on_stream_done``'s list, or by a subclass
+        that returned ``None`` there, once it has finished.
+        """
+        with self.state_lock:
+            self._put_unless_aborted(request_id, messages)
+            if not self.is_aborted(request_id):
+                self.clear_request_state(request_id)
+                self.completed_request_ids.add(request_id)
+
+    def clear_request_state(self, request_id: str, *, keep_aborted: bool = False) -> None:
+        """Forget everything about ``request_id`` here (subclass state included)."""
+        with self.state_lock:
+            self.stream_payloads.pop(request_id, None)
+            self.pending_done.discard(request_id)
+            self.clear_stream_state(request_id)
+            if not keep_aborted:
+                self.aborted_request_ids.discard(request_id)
+
+    # ------------------------------------------------------------------
+    # Output
+    # ------------------------------------------------------------------
+
+    def _put_unless_aborted(self, request_id: str, messages: Iterable[OutgoingMessage] | None) -> None:
+        for out in messages or ():
+            if not self.is_aborted(request_id):
+                self.outbox.put(out)
+
+    def emit_result(self, request_id: str, result: object) -> None:
+        """Put a ``result`` for ``request_id`` into the outbox."""
+        self.outbox.put(result_message(request_id, result))
+
+    def emit_error(self, request_id: str, error: BaseException) -> None:
+        """Put an ``error`` for ``request_id`` into the outbox."""
+        self.outbox.put(error_message(request_id, error))

@@ -1,0 +1,211 @@
+"""ThreadedSimpleScheduler: blocking per-request work on a thread pool.
+
+For CPU-bound or blocking stages: each ``new_request`` runs ``compute_fn`` on
+a ``ThreadPoolExecutor`` thread (or is handed to ``dispatch_fn``, which wraps
+an async engine and returns a ``concurrent.futures.Future``), at most
+``max_concurrency`` at a time. See SPEC §5.2.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from omni_trio.scheduling._support import (
+    WAKEUP,
+    SyncIdSet,
+    ThreadLoop,
+    call_logged,
+    call_sync_or_async,
+    error_message,
+    result_message,
+)
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+
+logger = logging.getLogger(__name__)
+
+
+class ThreadedSimpleScheduler:
+    """Runs up to ``max_concurrency`` requests at once on a thread pool.
+
+    The serve loop takes a message only while fewer than ``max_concurrency``
+    requests are pending, so excess work waits in the inbox. Results leave in
+    completion order. Abort frees a pending request's slot at once (a thread
+    already running it finishes unobserved); ``abort_callback`` runs at abort
+    time and again when an aborted or cancelled future completes, so cleanup
+    also sees side effects of a compute that finished after the abort.
+    """
+
+    def __init__(
+        self,
+        compute_fn: Callable[[Any], Any] | None = None,
+        *,
+        max_concurrency: int | None = 8,
+        abort_callback: Callable[[str], object] | None = None,
+        dispatch_fn: Callable[[Any], Future[Any]] | None = None,
+    ) -> None:
+        if dispatch_fn is None:
+            if compute_fn is None:
+                raise ValueError("ThreadedSimpleScheduler needs compute_fn or dispatch_fn")
+            if max_concurrency is None:
+                raise ValueError("max_concurrency=None (no cap) is only allowed with dispatch_fn")
+        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.compute_fn = compute_fn
+        self.dispatch_fn = dispatch_fn
+        self.max_concurrency = None if max_concurrency is None else max(int(max_concurrency), 1)
+        self.abort_callback = abort_callback
+        # dispatch_fn owns its own execution; a pool would only sit idle.
+        self._executor = (
+            ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="threaded-scheduler")
+            if dispatch_fn is None
+            else None
+        )
+        # One condition guards all bookkeeping below and doubles as the
+        # capacity wait; it is re-entrant so a future's done callback may run
+        # synchronously inside a locked section.
+        self._cond = threading.Condition()
+        self._pending: dict[str, Future[Any]] = {}
+        self._queued: set[str] = set()
+        self._claiming: set[str] = set()
+        self._tombstones: set[str] = set()
+        # Aborts for ids this scheduler has not seen may never be followed by
+        # the request, so they are kept in a bounded (oldest-first) set.
+        self._speculative = SyncIdSet()
+        self._stopping = False
+
+    def warm_up_serving_thread(self) -> None:
+        """Build thread-local state on the scheduler thread (nothing by default)."""
+
+    def start(self) -> None:
+        """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
+        try:
+            while self._wait_for_capacity():
+                msg = self.inbox.get()
+                if msg.type == "new_request":
+                    self._dispatch(msg)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def stop(self) -> None:
+        """Make ``start`` return promptly; queued pool work is cancelled, not awaited."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.inbox.put(WAKEUP)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def abort(self, request_id: str) -> None:
+        """Drop ``request_id`` wherever it is; quick and thread-safe."""
+        with self._cond:
+            future = self._pending.pop(request_id, None)
+            if future is not None:
+                self._cond.notify_all()
+            elif request_id in self._queued or request_id in self._claiming:
+                self._tombstones.add(request_id)
+            else:
+                self._speculative.add(request_id)
+        if future is not None:
+            # Outside the lock: a successful cancel runs done callbacks right here.
+            future.cancel()
+        call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+
+    def enqueue(self, msg: IncomingMessage) -> None:
+        """Hand a message to the scheduler (stage event loop; never blocks)."""
+        if msg.type == "new_request":
+            with self._cond:
+                if self._speculative.pop(msg.request_id):
+                    # Aborted before it arrived: make the tombstone definite so
+                    # eviction from the bounded set cannot let it through.
+                    self._tombstones.add(msg.request_id)
+                else:
+                    self._queued.add(msg.request_id)
+        self.inbox.put(msg)
+
+    def _wait_for_capacity(self) -> bool:
+        """Block until a slot is free; False once stopping."""
+        with self._cond:
+            while (
+                not self._stopping and self.max_concurrency is not None and len(self._pending) >= self.max_concurrency
+            ):
+                self._cond.wait()
+            return not self._stopping
+
+    def _dispatch(self, msg: IncomingMessage) -> None:
+        request_id = msg.request_id
+        with self._cond:
+            self._queued.discard(request_id)
+            if self._stopping:
+                return
+            if request_id in self._tombstones:
+                self._tombstones.discard(request_id)
+                return
+            if self._speculative.pop(request_id):
+                return
+            self._claiming.add(request_id)
+        # Claim outside the lock: dispatch_fn is user code and abort() must stay quick.
+        try:
+            future = self._submit(msg.data)
+        except Exception as exc:
+            with self._cond:
+                self._claiming.discard(request_id)
+                aborted = request_id in self._tombstones
+                self._tombstones.discard(request_id)
+            if not aborted:
+                logger.exception("ThreadedSimpleScheduler: dispatch failed for %s", request_id)
+                self.outbox.put(error_message(request_id, exc))
+            return
+        with self._cond:
+            self._claiming.discard(request_id)
+            aborted = request_id in self._tombstones
+            if aborted:
+                self._tombstones.discard(request_id)
+            else:
+                self._pending[request_id] = future
+        if aborted:
+            future.cancel()
+            future.add_done_callback(
+                lambda _: call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+            )
+        else:
+            future.add_done_callback(functools.partial(self._finish, request_id))
+
+    def _submit(self, payload: Any) -> Future[Any]:
+        if self.dispatch_fn is not None:
+            return self.dispatch_fn(payload)
+        assert self._executor is not None
+        return self._executor.submit(self._run_one, payload)
+
+    def _run_one(self, payload: Any) -> Any:
+        # Pool threads come and go, so each call gets (and closes) its own loop
+        # instead of leaving one open per thread.
+        loop = ThreadLoop()
+        try:
+            assert self.compute_fn is not None
+            return call_sync_or_async(self.compute_fn, payload, loop=loop)
+        finally:
+            loop.close()
+
+    def _finish(self, request_id: str, future: Future[Any]) -> None:
+        with self._cond:
+            owned = self._pending.get(request_id) is future
+            if owned:
+                del self._pending[request_id]
+                self._cond.notify_all()
+        if not owned or future.cancelled():
+            # Aborted (abort popped it) or cancelled at stop: late cleanup, no output.
+            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+            return
+        exc = future.exception()
+        if exc is not None:
+            logger.error("ThreadedSimpleScheduler: compute failed for %s", request_id, exc_info=exc)
+            self.outbox.put(error_message(request_id, exc))
+        else:
+            self.outbox.put(result_message(request_id, future.result()))
