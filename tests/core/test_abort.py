@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
+
 import pytest
 import trio
 import trio.testing
@@ -65,10 +69,21 @@ async def test_abort_unknown_or_finished_request_returns_false(placement: str) -
             assert await pipeline.submit("r0", "again") == {"trail": ["again", "a"]}  # success frees the id
 
 
-async def test_deadline_aborts_everywhere(placement: str, autojump_clock: trio.testing.MockClock) -> None:
+@contextlib.contextmanager
+def autojump(clock: trio.testing.MockClock) -> Iterator[None]:
+    """Virtual time only while the pipeline runs: start-up and shutdown wait on real
+    threads, which an autojumping clock would mistake for idleness."""
+    clock.autojump_threshold = 0
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = math.inf
+
+
+async def test_deadline_aborts_everywhere(placement: str, mock_clock: trio.testing.MockClock) -> None:
     config = build(placement, stage("slow", "create_block_until_aborted", terminal=True))
-    with trio.fail_after(300):
-        async with ot.open_pipeline(config) as pipeline:
+    async with ot.open_pipeline(config) as pipeline:
+        with autojump(mock_clock), trio.fail_after(300):
             with pytest.raises(ot.RequestTimeout) as info:
                 await pipeline.submit("r0", "go", deadline=120)
             assert info.value.deadline == 120 and "120" in str(info.value)
@@ -76,10 +91,10 @@ async def test_deadline_aborts_everywhere(placement: str, autojump_clock: trio.t
             assert (await pipeline.stats()).idle
 
 
-async def test_deadline_applies_to_streams(placement: str, autojump_clock: trio.testing.MockClock) -> None:
+async def test_deadline_applies_to_streams(placement: str, mock_clock: trio.testing.MockClock) -> None:
     config = build(placement, stage("slow", "create_block_until_aborted", terminal=True))
-    with trio.fail_after(300):
-        async with ot.open_pipeline(config) as pipeline:
+    async with ot.open_pipeline(config) as pipeline:
+        with autojump(mock_clock), trio.fail_after(300):
             with pytest.raises(ot.RequestTimeout):
                 async for _ in pipeline.stream("r0", "go", deadline=5):
                     pass
