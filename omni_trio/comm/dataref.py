@@ -1,0 +1,214 @@
+"""DataRef: the control-plane pointer to one data-plane object (SPEC §8.4).
+
+A DataReady's ``data_ref`` is ``DataRef.to_wire()``: a plain map (msgpack
+friendly, ``_type: "DataRef"``, ``version: 1``). The receiver calls
+:meth:`DataRef.from_wire`, which validates types *and* layout consistency
+(entries inside the buffer, aligned, sizes matching shape x dtype, known
+dtypes), so the unpacking code can trust what it gets. Anything wrong raises
+:class:`~omni_trio.control.codec.MalformedMessage`.
+
+Layouts:
+
+* ``packed_tensors`` (payloads, chunks with metadata tensors): ``header``
+  (pickled object with :class:`~omni_trio.comm.packing.TensorPlaceholder`)
+  plus ``tensors`` entries into one buffer. A chunk and its metadata tensors
+  are packed into one buffer = one transfer = one credit (SPEC §9 item 6).
+* ``raw_tensor`` (a single tensor): ``shape``/``dtype``/``device``/``offset``.
+
+``buffer`` is ``{transport, info, length}``: ``info`` is the relay's put
+metadata verbatim (shm: ``{"shm_name", "size"}`` with ``size == length``).
+It may be absent when there are no bytes to move (a tensor-free payload
+whose header travels inline).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
+from omni_trio.comm.shm import ShmPut
+from omni_trio.control.codec import MalformedMessage, converter, describe_error
+
+__all__ = [
+    "DATAREF_TYPE",
+    "DATAREF_VERSION",
+    "BufferRef",
+    "DataRef",
+    "DataRefKind",
+    "Layout",
+    "TransportKind",
+    "shm_buffer",
+]
+
+DATAREF_TYPE = "DataRef"
+DATAREF_VERSION = 1
+
+
+class TransportKind(enum.StrEnum):
+    """How the bytes of one object travel."""
+
+    local_object = "local_object"  # same process: the Python object itself
+    local_copy = "local_copy"  # same process, isolated copy
+    inline = "inline"  # inside the control message
+    shm = "shm"  # POSIX shared memory segment (omni_trio.comm.shm)
+    cuda_ipc = "cuda_ipc"  # CUDA IPC slot pool
+    tcp = "tcp"  # byte stream between hosts
+
+
+class DataRefKind(enum.StrEnum):
+    """What the object is (the reserved kinds are accepted, not produced)."""
+
+    stage_payload = "stage_payload"
+    stream_chunk = "stream_chunk"
+    stream_metadata_tensor = "stream_metadata_tensor"
+    kv_pages = "kv_pages"
+    weight_bucket = "weight_bucket"
+    moe_expert_payload = "moe_expert_payload"
+
+
+class Layout(enum.StrEnum):
+    """How the bytes in the buffer are organised."""
+
+    packed_tensors = "packed_tensors"
+    raw_tensor = "raw_tensor"
+
+
+def _nonneg_int(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+@attrs.frozen(kw_only=True)
+class BufferRef:
+    """Where the bytes are: the relay kind, its put metadata, the byte length."""
+
+    transport: TransportKind
+    info: dict[str, Any]
+    length: int
+
+    def __attrs_post_init__(self) -> None:
+        if not _nonneg_int(self.length):
+            raise ValueError(f"buffer length must be an int >= 0, got {self.length!r}")
+        if self.transport is TransportKind.shm:
+            name = self.info.get("shm_name")
+            size = self.info.get("size")
+            if type(name) is not str or not name:
+                raise ValueError("shm buffer info needs a non-empty 'shm_name'")
+            if size != self.length or type(size) is not int:
+                raise ValueError(f"shm buffer info size {size!r} != buffer length {self.length}")
+
+
+def _element_size(dtype: str) -> int:
+    return ELEMENT_SIZES[dtype]
+
+
+def _check_extent(what: str, shape: tuple[int, ...], dtype: str, offset: int, size: int, length: int | None) -> None:
+    if dtype not in ELEMENT_SIZES:
+        raise ValueError(f"{what}: unsupported dtype {dtype!r}")
+    if any(type(d) is not int or d < 0 for d in shape):
+        raise ValueError(f"{what}: bad shape {shape!r}")
+    elem = _element_size(dtype)
+    if size != math.prod(shape) * elem:
+        raise ValueError(f"{what}: size {size} does not match shape {shape} x {elem} bytes")
+    if not _nonneg_int(offset) or offset % elem:
+        raise ValueError(f"{what}: offset {offset!r} is not aligned to {elem} bytes")
+    if size and length is None:
+        raise ValueError(f"{what}: tensor bytes but no buffer")
+    if length is not None and offset + size > length:
+        raise ValueError(f"{what}: [{offset}, {offset + size}) exceeds the buffer length {length}")
+
+
+def _entry_tuple(entries: Iterable[TensorEntry]) -> tuple[TensorEntry, ...]:
+    return tuple(entries)
+
+
+@attrs.frozen(kw_only=True)
+class DataRef:
+    """Control-plane pointer to one data-plane object. See the module docstring."""
+
+    kind: DataRefKind
+    object_id: str
+    transport: TransportKind
+    layout: Layout
+    buffer: BufferRef | None = None
+    header: bytes | None = None
+    tensors: tuple[TensorEntry, ...] = attrs.field(default=(), converter=_entry_tuple)
+    # raw_tensor layout only:
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+    offset: int | None = None
+    #: chunk metadata with tensors removed (must be msgpack-encodable).
+    metadata: dict[str, Any] | None = None
+    version: int = DATAREF_VERSION
+
+    def __attrs_post_init__(self) -> None:
+        if self.version != DATAREF_VERSION or type(self.version) is not int:
+            raise ValueError(f"unsupported DataRef version {self.version!r}")
+        if type(self.object_id) is not str or not self.object_id:
+            raise ValueError("object_id must be a non-empty string")
+        length = self.buffer.length if self.buffer is not None else None
+        if self.layout is Layout.packed_tensors:
+            if any(v is not None for v in (self.shape, self.dtype, self.device, self.offset)):
+                raise ValueError("packed_tensors layout takes no shape/dtype/device/offset")
+            paths: set[str] = set()
+            for entry in self.tensors:
+                if entry.path in paths:
+                    raise ValueError(f"duplicate tensor path {entry.path!r}")
+                paths.add(entry.path)
+                _check_extent(f"tensor {entry.path!r}", entry.shape, entry.dtype, entry.offset, entry.size, length)
+        elif self.layout is Layout.raw_tensor:
+            if self.tensors:
+                raise ValueError("raw_tensor layout takes no tensor entries")
+            if self.shape is None or self.dtype is None or self.device is None or self.offset is None:
+                raise ValueError("raw_tensor layout needs shape, dtype, device and offset")
+            if self.buffer is None:
+                raise ValueError("raw_tensor layout needs a buffer")
+            size = math.prod(self.shape) * _element_size(self.dtype) if self.dtype in ELEMENT_SIZES else 0
+            _check_extent("raw tensor", self.shape, self.dtype, self.offset, size, length)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved through the relay (0 without a buffer)."""
+        return self.buffer.length if self.buffer is not None else 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """This DataRef as a msgpack-friendly map for ``DataReady.data_ref``."""
+        wire: dict[str, Any] = converter.unstructure(self)
+        wire["_type"] = DATAREF_TYPE
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: object) -> DataRef:
+        """Parse and validate a wire map; raises MalformedMessage (only) on bad input."""
+        if type(wire) is not dict:
+            raise MalformedMessage(f"data_ref is {type(wire).__name__}, not a map")
+        if wire.get("_type") != DATAREF_TYPE:
+            raise MalformedMessage(f"data_ref _type is {wire.get('_type')!r}, expected {DATAREF_TYPE!r}")
+        version = wire.get("version")
+        if type(version) is not int or version != DATAREF_VERSION:
+            raise MalformedMessage(f"unsupported DataRef version {version!r}")
+        fields = {k: v for k, v in wire.items() if k != "_type"}
+        try:
+            ref: DataRef = converter.structure(fields, cls)
+        except Exception as exc:
+            raise MalformedMessage(f"malformed DataRef: {describe_error(exc)[:500]}") from exc
+        return ref
+
+
+# The version is part of the wire contract: always write it, even though it
+# equals its default (the shared converter omits defaults).
+converter.register_unstructure_hook(
+    DataRef,
+    make_dict_unstructure_fn(DataRef, converter, version=override(omit_if_default=False)),
+)
+
+
+def shm_buffer(put: ShmPut) -> BufferRef:
+    """The BufferRef of a :class:`~omni_trio.comm.shm.ShmPut`."""
+    return BufferRef(transport=TransportKind.shm, info=put.info(), length=put.size)

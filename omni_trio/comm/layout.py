@@ -1,0 +1,49 @@
+"""The torch-free description of packed tensors, shared by sender and receiver.
+
+Kept apart from :mod:`omni_trio.comm.packing` so that control-plane code
+(DataRef validation) never imports torch: a worker whose stages never touch
+a tensor starts without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+#: Bytes per element of each dtype that may cross the data plane, keyed by
+#: ``str(dtype)`` (the wire form, ``"torch.float32"``).
+ELEMENT_SIZES: dict[str, int] = {
+    "torch.bool": 1,
+    "torch.uint8": 1,
+    "torch.int8": 1,
+    "torch.int16": 2,
+    "torch.int32": 4,
+    "torch.int64": 8,
+    "torch.float16": 2,
+    "torch.bfloat16": 2,
+    "torch.float32": 4,
+    "torch.float64": 8,
+    "torch.complex64": 8,
+    "torch.complex128": 16,
+}
+
+
+def _shape_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@attrs.frozen
+class TensorEntry:
+    """Where one tensor lives in a packed buffer.
+
+    ``device`` is the *source* device string (``"cpu"``, ``"cuda:0"``);
+    ``offset`` and ``size`` are in bytes.
+    """
+
+    path: str
+    shape: tuple[int, ...] = attrs.field(converter=_shape_tuple)
+    dtype: str
+    device: str
+    offset: int
+    size: int

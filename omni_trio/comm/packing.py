@@ -1,0 +1,429 @@
+"""Tensor extraction and byte packing for the data plane (SPEC §8.5).
+
+A payload crosses processes as two parts:
+
+* a *header*: the payload object with every tensor replaced by a
+  :class:`TensorPlaceholder` (the caller pickles it);
+* one flat byte buffer holding every tensor's bytes, described by a list of
+  :class:`TensorEntry` (path, shape, dtype, source device, offset, size).
+
+[FIX] (SPEC §9 item 20): the reference keyed tensors by a path built from
+user keys (``parent.key``/``parent[i]``), so a key containing ``.`` or
+``[0]`` could map two tensors to one path, and a user dict with a
+``"_tensor_placeholder"`` key was mis-restored as a tensor. Here every
+tensor gets a path from a counter (``"t0"``, ``"t1"``, ...) and the
+placeholder is a dedicated class, so neither can collide with user data.
+Namedtuples are rebuilt with ``_make``.
+
+What is walked: ``dict`` (values), ``list`` and ``tuple`` (including
+namedtuples and their subclasses). Sets are left alone (tensors hash by
+identity, a set of tensors has no meaningful order to restore). Tensors held
+inside other objects (attrs/dataclass instances, custom classes) are *not*
+extracted: they stay inside the pickled header (pickle copies them through
+the control plane, which is correct but slower). Containers without tensors
+are returned as they are (no copy).
+
+Dtypes are checked at the sender ([FIX] SPEC §9 item 21): an unsupported
+dtype raises :class:`UnsupportedDtype` naming the tensor's location.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import torch
+
+from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "LayoutError",
+    "TensorEntry",
+    "TensorPlaceholder",
+    "UnsupportedDtype",
+    "UnsupportedTensor",
+    "dtype_from_str",
+    "extract_tensors",
+    "pack_tensors",
+    "restore",
+    "tensor_path",
+    "unpack_tensors",
+    "write_packed",
+]
+
+#: Dtypes that may cross the data plane, keyed by ``str(dtype)`` (the form
+#: used on the wire, e.g. ``"torch.float32"``). ``name in SUPPORTED_DTYPES``
+#: tests a wire string; ``SUPPORTED_DTYPES[name]`` gives the torch dtype.
+SUPPORTED_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
+    {name: getattr(torch, name.removeprefix("torch.")) for name in ELEMENT_SIZES}
+)
+
+
+class UnsupportedTensor(TypeError):
+    """A tensor that cannot be sent through the data plane (sender-side check)."""
+
+
+class UnsupportedDtype(UnsupportedTensor):
+    """A tensor's dtype is not in :data:`SUPPORTED_DTYPES`."""
+
+
+class LayoutError(ValueError):
+    """A packed layout does not fit its buffer or is inconsistent.
+
+    Raised on the receiving side (bad or hostile metadata); the stage turns it
+    into a failure ACK for that transfer.
+    """
+
+
+def dtype_from_str(name: str) -> torch.dtype:
+    """Return the torch dtype for a wire dtype string, or raise UnsupportedDtype."""
+    try:
+        return SUPPORTED_DTYPES[name]
+    except KeyError:
+        raise UnsupportedDtype(f"unsupported tensor dtype {name!r}") from None
+
+
+def tensor_path(index: int) -> str:
+    """The path (dict key, TensorEntry.path) of the ``index``-th extracted tensor."""
+    return f"t{index}"
+
+
+@attrs.frozen
+class TensorPlaceholder:
+    """Stands in for an extracted tensor inside the header.
+
+    A dedicated class (not a dict) so that user data can never be mistaken for
+    a placeholder. Picklable: the receiver imports this module anyway.
+    """
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+    @property
+    def path(self) -> str:
+        """The key of this tensor in the ``{path: tensor}`` mapping."""
+        return tensor_path(self.index)
+
+
+def _check_tensor(tensor: torch.Tensor, where: str) -> str:
+    """Validate a tensor for the data plane; return its dtype string."""
+    name = str(tensor.dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise UnsupportedDtype(
+            f"tensor at {where} has unsupported dtype {name}; supported: {', '.join(sorted(SUPPORTED_DTYPES))}"
+        )
+    # Sparse/mkldnn/nested tensors have no single strided byte image to copy.
+    if tensor.layout is not torch.strided or tensor.is_nested:
+        raise UnsupportedTensor(f"tensor at {where} has unsupported layout {tensor.layout}")
+    if tensor.device.type == "meta":
+        raise UnsupportedTensor(f"tensor at {where} is on the meta device (it has no data)")
+    return name
+
+
+def _is_namedtuple(obj: object) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields") and hasattr(type(obj), "_make")
+
+
+def _rebuild_dict(original: dict[Any, Any], items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    if type(original) is dict:
+        return dict(items)
+    # Subclasses (OrderedDict, defaultdict, custom): a shallow copy keeps
+    # their extra state (default_factory, attributes); then refill in order.
+    new = copy.copy(original)
+    new.clear()
+    new.update(items)
+    return new
+
+
+def _rebuild_list(original: list[Any], items: list[Any]) -> list[Any]:
+    if type(original) is list:
+        return items
+    new = copy.copy(original)
+    new[:] = items
+    return new
+
+
+def _rebuild_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    if type(original) is tuple:
+        return tuple(items)
+    if _is_namedtuple(original):
+        # namedtuple(*fields) would fail with tuple(items); _make is the API.
+        rebuilt: tuple[Any, ...] = type(original)._make(items)  # type: ignore[attr-defined]
+        return rebuilt
+    # Other tuple subclasses (torch.return_types structseqs, ...) take an iterable.
+    return type(original)(items)
+
+
+def _item_path(parent: Callable[[], str], key: object) -> Callable[[], str]:
+    # Lazy: paths are only formatted for error messages.
+    return lambda: f"{parent()}[{key!r}]"
+
+
+def _map_containers(
+    obj: object,
+    leaf: Callable[[object, Callable[[], str]], object],
+) -> object:
+    """Walk dicts/lists/tuples, applying ``leaf`` to everything else.
+
+    Containers are rebuilt only when something inside changed (identity
+    comparison), so tensor-free data is returned without copying. ``leaf``
+    receives a lazy path description, used only for error messages.
+    Cycles raise ValueError instead of recursing forever.
+    """
+    active: set[int] = set()
+
+    def walk(node: object, where: Callable[[], str]) -> object:
+        if isinstance(node, dict):
+            container_id = id(node)
+            if container_id in active:
+                raise ValueError(f"cyclic container at {where()}")
+            active.add(container_id)
+            try:
+                items: list[tuple[Any, Any]] = []
+                changed = False
+                for key, value in node.items():
+                    new_value = walk(value, _item_path(where, key))
+                    changed = changed or new_value is not value
+                    items.append((key, new_value))
+            finally:
+                active.discard(container_id)
+            return _rebuild_dict(node, items) if changed else node
+        if isinstance(node, (list, tuple)):
+            container_id = id(node)
+            if container_id in active:
+                raise ValueError(f"cyclic container at {where()}")
+            active.add(container_id)
+            try:
+                elems: list[Any] = []
+                changed = False
+                for i, value in enumerate(node):
+                    new_value = walk(value, _item_path(where, i))
+                    changed = changed or new_value is not value
+                    elems.append(new_value)
+            finally:
+                active.discard(container_id)
+            if not changed:
+                return node
+            if isinstance(node, list):
+                return _rebuild_list(node, elems)
+            return _rebuild_tuple(node, elems)
+        return leaf(node, where)
+
+    return walk(obj, lambda: "<root>")
+
+
+def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
+    """Replace every tensor in ``obj`` by a :class:`TensorPlaceholder`.
+
+    Returns the rewritten object (``obj`` itself when it holds no tensors;
+    the input is never mutated) and ``{path: tensor}`` in discovery order.
+    The same tensor object appearing twice is extracted once and restored as
+    one object at both places (aliasing survives the trip).
+
+    Raises UnsupportedDtype / UnsupportedTensor for tensors that cannot be
+    packed, naming where the tensor was found.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    by_identity: dict[int, TensorPlaceholder] = {}
+    counter = itertools.count()
+
+    def leaf(node: object, where: Callable[[], str]) -> object:
+        if not isinstance(node, torch.Tensor):
+            return node
+        seen = by_identity.get(id(node))
+        if seen is not None:
+            return seen
+        dtype = _check_tensor(node, where())
+        placeholder = TensorPlaceholder(
+            index=next(counter),
+            shape=tuple(node.shape),
+            dtype=dtype,
+            device=str(node.device),
+        )
+        by_identity[id(node)] = placeholder
+        tensors[placeholder.path] = node
+        return placeholder
+
+    return _map_containers(obj, leaf), tensors
+
+
+def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[int, list[TensorEntry]]:
+    """Compute the packed layout of ``tensors`` (insertion order).
+
+    Each tensor's offset is aligned to its element size. Returns the total
+    byte length (at least 1: a transfer always has a non-empty buffer) and
+    one :class:`TensorEntry` per tensor. No bytes are copied here; see
+    :func:`write_packed`.
+    """
+    entries: list[TensorEntry] = []
+    cursor = 0
+    for path, tensor in tensors.items():
+        dtype = _check_tensor(tensor, repr(path))
+        elem = tensor.element_size()
+        offset = -(-cursor // elem) * elem  # round up to a multiple of elem
+        size = tensor.numel() * elem
+        entries.append(
+            TensorEntry(
+                path=path,
+                shape=tuple(tensor.shape),
+                dtype=dtype,
+                device=str(tensor.device),
+                offset=offset,
+                size=size,
+            )
+        )
+        cursor = offset + size
+    return max(cursor, 1), entries
+
+
+def write_packed(
+    buffer: memoryview,
+    tensors: Mapping[str, torch.Tensor],
+    entries: Iterable[TensorEntry],
+) -> None:
+    """Copy each tensor's bytes into ``buffer`` at its entry's offset.
+
+    ``buffer`` must be writable and at least as long as the layout (e.g. a
+    memoryview of an mmap). Each destination slice is viewed as a tensor of
+    the source's dtype and shape and filled with one ``copy_``, so
+    non-contiguous sources and device-to-host copies need no intermediate
+    buffer. All views of ``buffer`` are dropped before returning, so the
+    caller can close its mmap right after.
+    """
+    if buffer.readonly:
+        raise ValueError("write_packed needs a writable buffer")
+    length = buffer.nbytes
+    for entry in entries:
+        if entry.size == 0:
+            continue  # torch.frombuffer rejects count=0; nothing to copy anyway
+        if entry.offset < 0 or entry.offset + entry.size > length:
+            raise LayoutError(
+                f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
+                f"does not fit a buffer of {length} bytes"
+            )
+        source = tensors[entry.path].detach()
+        dtype = SUPPORTED_DTYPES[entry.dtype]
+        dest = torch.frombuffer(buffer, dtype=dtype, count=source.numel(), offset=entry.offset).view(source.shape)
+        try:
+            dest.copy_(source)
+        finally:
+            # torch.frombuffer keeps a reference to ``buffer`` but no buffer
+            # export: a view surviving this call would let the caller close
+            # its mmap under a live tensor. Drop it before returning.
+            del dest
+
+
+def _as_byte_tensor(buffer: memoryview | bytes | bytearray | torch.Tensor) -> torch.Tensor:
+    if isinstance(buffer, torch.Tensor):
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+            raise LayoutError("a tensor buffer must be a contiguous 1-D uint8 tensor")
+        return buffer
+    view = memoryview(buffer)
+    if view.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if view.readonly:
+        # torch.frombuffer on read-only memory warns and would hand out
+        # tensors that must not be written; copy once into owned memory.
+        view = memoryview(bytearray(view))
+    # Zero-copy: the tensors keep ``view`` (and through it the buffer) alive.
+    return torch.frombuffer(view.cast("B"), dtype=torch.uint8)
+
+
+def _receiver_device(source: str, received: torch.device, accelerator: torch.device | None) -> torch.device | None:
+    """Where a tensor from ``source`` should end up (None: keep it where it is)."""
+    source_type = torch.device(source).type
+    if source_type == "cpu" or source_type == received.type:
+        return None
+    if accelerator is not None:
+        return accelerator
+    # Source was an accelerator, received on host: move to our own
+    # accelerator of that kind if we have one, else keep on CPU.
+    if source_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def unpack_tensors(
+    buffer: memoryview | bytes | bytearray | torch.Tensor,
+    entries: Iterable[TensorEntry],
+    *,
+    accelerator: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Rebuild ``{path: tensor}`` from a packed buffer.
+
+    The tensors are views of one byte tensor wrapping ``buffer`` (a writable
+    memoryview or a uint8 tensor is used in place; read-only bytes are copied
+    once). Never pass a memoryview of an mmap you will close explicitly:
+    torch keeps a reference to the memoryview but no buffer export, so the
+    close succeeds and the tensors dangle. Copy the mapping into
+    ``torch.empty(n, dtype=torch.uint8)`` first, or let reference counting
+    own the mapping (see :func:`omni_trio.comm.shm.read_segment`).
+
+    Device restore (SPEC §8.5): a CPU source stays on CPU; a source of the
+    received device type stays; an accelerator source is moved to
+    ``accelerator`` (default: this process's current CUDA device when the
+    source was CUDA and CUDA is available), otherwise it stays on CPU.
+
+    Raises LayoutError if an entry does not fit the buffer or is
+    inconsistent, UnsupportedDtype for an unknown dtype.
+    """
+    base = _as_byte_tensor(buffer)
+    length = base.numel()
+    target = torch.device(accelerator) if accelerator is not None else None
+    out: dict[str, torch.Tensor] = {}
+    for entry in entries:
+        dtype = dtype_from_str(entry.dtype)
+        elem = torch.empty(0, dtype=dtype).element_size()
+        if any(d < 0 for d in entry.shape):
+            raise LayoutError(f"tensor {entry.path!r} has a negative dimension {entry.shape}")
+        numel = math.prod(entry.shape)
+        if entry.size != numel * elem:
+            raise LayoutError(f"tensor {entry.path!r}: size {entry.size} != {numel} x {elem} bytes")
+        if entry.offset < 0 or entry.offset % elem or entry.offset + entry.size > length:
+            raise LayoutError(
+                f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
+                f"is misaligned or outside a buffer of {length} bytes"
+            )
+        if entry.path in out:
+            raise LayoutError(f"duplicate tensor path {entry.path!r}")
+        if numel == 0:
+            tensor = torch.empty(entry.shape, dtype=dtype, device=base.device)
+        else:
+            try:
+                tensor = base[entry.offset : entry.offset + entry.size].view(dtype).view(entry.shape)
+            except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
+                raise LayoutError(f"tensor {entry.path!r}: {exc}") from None
+        try:
+            device = _receiver_device(entry.device, base.device, target)
+        except RuntimeError as exc:  # torch.device() of a malformed device string
+            raise LayoutError(f"tensor {entry.path!r}: bad device {entry.device!r}") from exc
+        if device is not None:
+            tensor = tensor.to(device)
+        out[entry.path] = tensor
+    return out
+
+
+def restore(obj: object, tensors: Mapping[str, torch.Tensor]) -> object:
+    """Substitute every :class:`TensorPlaceholder` in ``obj`` by its tensor.
+
+    Walks the same containers as :func:`extract_tensors`. Raises LayoutError
+    if a placeholder has no tensor.
+    """
+
+    def leaf(node: object, where: Callable[[], str]) -> object:
+        if not isinstance(node, TensorPlaceholder):
+            return node
+        try:
+            return tensors[node.path]
+        except KeyError:
+            raise LayoutError(f"no tensor for placeholder {node.path!r} at {where()}") from None
+
+    return _map_containers(obj, leaf)

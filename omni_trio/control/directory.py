@@ -1,0 +1,163 @@
+"""The coordinator's side of a multi-process pipeline.
+
+:class:`ProcessDirectory` is the coordinator's :class:`StageDirectory` when
+stages run in worker processes: submits go to the entry stage's process,
+aborts go out on the broadcast channel and are acknowledged by every live
+worker (so when an abort returns, no stage holds the request any more), and
+stats are gathered from every process. :func:`serve_coordinator` routes
+stage reports (results, stream chunks, failures) to the coordinator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.control import messages as m
+from omni_trio.control.codec import encode
+from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint
+from omni_trio.payload import StagePayload
+from omni_trio.stage.stage import StageStats
+from omni_trio.tracing import get_logger
+
+if TYPE_CHECKING:
+    from omni_trio.coordinator import Coordinator
+    from omni_trio.stage.stage import Stage
+    from omni_trio.supervisor import Supervisor
+
+log = get_logger(__name__)
+
+#: How long an abort waits for every worker's acknowledgement.
+ABORT_ACK_TIMEOUT_S = 5.0
+#: How long stats() waits for every worker's reply.
+STATS_TIMEOUT_S = 10.0
+
+
+@attrs.define(eq=False)
+class _Replies:
+    waiting: set[str]
+    done: trio.Event = attrs.field(factory=trio.Event)
+    stages: dict[str, Any] = attrs.field(factory=dict)
+
+    def arrived(self, process: str) -> None:
+        self.waiting.discard(process)
+        if not self.waiting:
+            self.done.set()
+
+
+class ProcessDirectory:
+    """Reaches stages in the caller's process directly and the others through the endpoint."""
+
+    def __init__(self, local: dict[str, Stage], endpoint: Endpoint, supervisor: Supervisor) -> None:
+        self._local = local
+        self._endpoint = endpoint
+        self._supervisor = supervisor
+        self._aborts: dict[str, _Replies] = {}
+        self._stats: dict[int, _Replies] = {}
+        self._tokens = itertools.count()
+        endpoint.handlers[m.AbortDone] = self._on_abort_done
+        endpoint.handlers[m.StatsReply] = self._on_stats_reply
+
+    def _live(self) -> set[str]:
+        return {worker.name for worker in self._supervisor.live_workers()}
+
+    def forget(self, process: str) -> None:
+        """A worker is gone: stop waiting for its replies."""
+        for replies in [*self._aborts.values(), *self._stats.values()]:
+            replies.arrived(process)
+
+    async def submit(self, stage: str, payload: StagePayload) -> None:
+        """Hand a new request to the entry stage, wherever it runs."""
+        if stage in self._local:
+            await self._local[stage].on_submit(payload)
+            return
+        request_id = payload.request_id
+        await self._endpoint.send_object(
+            payload,
+            request_id=request_id,
+            sender=COORDINATOR,
+            receiver=stage,
+            kind=DataRefKind.stage_payload,
+            direction="submit",
+            make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref),
+        )
+
+    async def abort(self, request_id: str) -> None:
+        """Every stage drops ``request_id``; returns once every live worker confirmed."""
+        for stage in self._local.values():
+            stage.on_abort(request_id)
+        replies = self._aborts[request_id] = _Replies(self._live())
+        try:
+            if replies.waiting:
+                frames = [ABORT_TOPIC, *encode(m.Abort(request_id=request_id))]
+                await self._supervisor.abort_socket.send_multipart(frames)
+                with trio.move_on_after(ABORT_ACK_TIMEOUT_S):
+                    await replies.done.wait()
+                if replies.waiting:
+                    log.warning("abort_not_confirmed", request_id=request_id, processes=sorted(replies.waiting))
+        finally:
+            del self._aborts[request_id]
+
+    async def _on_abort_done(self, message: m.AbortDone) -> None:
+        replies = self._aborts.get(message.request_id)
+        if replies is not None:
+            replies.arrived(message.process)
+
+    async def stats(self) -> dict[str, StageStats]:
+        """Counters of every stage in every process."""
+        result = {name: stage.stats() for name, stage in self._local.items()}
+        token = next(self._tokens)
+        replies = self._stats[token] = _Replies(self._live())
+        try:
+            for process in sorted(replies.waiting):
+                await self._endpoint.send(process, m.StatsRequest(reply_to="main", token=token))
+            if replies.waiting:
+                with trio.fail_after(STATS_TIMEOUT_S):
+                    await replies.done.wait()
+        finally:
+            del self._stats[token]
+        for name, counters in replies.stages.items():
+            result[name] = StageStats(**counters)
+        return result
+
+    async def _on_stats_reply(self, message: m.StatsReply) -> None:
+        replies = self._stats.get(message.token)
+        if replies is not None:
+            replies.stages.update(message.stages)
+            replies.arrived(message.process)
+
+
+def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
+    """Route stage reports arriving at the main endpoint to the coordinator."""
+
+    async def on_complete(message: m.Complete) -> None:
+        request_id, stage = message.request_id, message.from_stage
+        if not message.success or message.data_ref is None:
+            coordinator.on_complete(request_id, stage, error=message.error or "failed without an error text")
+            return
+
+        async def deliver(result: Any) -> None:
+            coordinator.on_complete(request_id, stage, result=result)
+
+        await endpoint.receive_object(DataRef.from_wire(message.data_ref), request_id, stage, COORDINATOR, deliver)
+
+    async def on_stream(message: m.Stream) -> None:
+        async def deliver(chunk: Any) -> None:
+            coordinator.on_stream(message.request_id, message.from_stage, chunk, message.chunk_id, message.modality)
+
+        await endpoint.receive_object(
+            DataRef.from_wire(message.data_ref),
+            message.request_id,
+            message.from_stage,
+            COORDINATOR,
+            deliver,
+            chunk_id=message.chunk_id,
+        )
+
+    endpoint.handlers[m.Complete] = on_complete
+    endpoint.handlers[m.Stream] = on_stream
+    endpoint.fail_submitted = lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error)

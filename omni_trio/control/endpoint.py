@@ -1,0 +1,579 @@
+"""One process's end of the control and data planes.
+
+Every process of a pipeline (the caller's "main" process and each worker)
+has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
+directory that receives every control message for the process, one PUSH
+socket per peer process, the shared-memory relay for the data it sends, and
+the table of transfers waiting for their ACK. Aborts arrive on the
+broadcast channel (PUB/SUB).
+
+The endpoint turns messages into calls on the stages it hosts (the same
+``on_submit``/``deliver_*``/``on_abort`` methods same-process links call),
+and gives those stages :class:`RemoteStageLink` and
+:class:`RemoteCoordinatorLink` objects for peers in other processes.
+
+A malformed, truncated or unknown frame is logged with the socket it came
+from and dropped; it never ends the receive loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+import zmq
+
+from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.comm.router import TransportLog
+from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.comm.transfer import decode_object, encode_object
+from omni_trio.control import messages as m
+from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
+from omni_trio.payload import StagePayload, StreamItem
+from omni_trio.stage.stage import describe_error
+from omni_trio.tracing import Tracer, get_logger
+
+if TYPE_CHECKING:
+    from omni_trio.stage.stage import Stage
+
+log = get_logger(__name__)
+
+#: The sender's name for data the coordinator sends (submitted inputs) and the
+#: receiver's name for data sent to it (terminal results, chunks for the caller).
+COORDINATOR = "coordinator"
+#: How long a sender waits for the receiver's ACK of one shared-memory transfer.
+ACK_TIMEOUT_S = 30.0
+#: Messages taken from a socket per wake-up, at most.
+RECEIVE_BATCH = 64
+#: The topic of abort messages on the broadcast channel.
+ABORT_TOPIC = b"abort"
+
+
+def socket_path(ipc_dir: Path, process: str) -> Path:
+    """Where ``process`` receives its control messages."""
+    return ipc_dir / f"{process}.sock"
+
+
+def abort_path(ipc_dir: Path) -> Path:
+    """The broadcast channel for aborts."""
+    return ipc_dir / "abort.sock"
+
+
+def ready_topic(process: str) -> bytes:
+    """The subscription a worker adds after the abort topic, so the publisher can
+    see (through XPUB) that the worker's subscription to aborts is in place."""
+    return b"ready:" + process.encode()
+
+
+def _elapsed_ms(start: float) -> float:
+    return round((time.monotonic() - start) * 1000, 6)
+
+
+@attrs.define(eq=False)
+class _PendingTransfer:
+    relay: ShmRelay
+    put: ShmPut
+    request_id: str
+    sender: str
+    receiver: str
+    acked: trio.Event = attrs.field(factory=trio.Event)
+    error: str | None = None
+
+
+class Lanes:
+    """Delivers the messages of one (request, sender, receiver) lane in arrival order,
+    while their reads overlap."""
+
+    def __init__(self) -> None:
+        self._tails: dict[tuple[str, str, str], trio.Event] = {}
+
+    def idle(self, lane: tuple[str, str, str]) -> bool:
+        """True when nothing of ``lane`` is still being read or delivered."""
+        return lane not in self._tails
+
+    async def run(
+        self, lane: tuple[str, str, str], read: Callable[[], Awaitable[Any]], deliver: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        """``read()`` now, then ``deliver(value)`` once earlier messages of the lane were delivered."""
+        previous = self._tails.get(lane)
+        mine = self._tails[lane] = trio.Event()
+        try:
+            value = await read()
+            if previous is not None:
+                await previous.wait()
+            await deliver(value)
+        finally:
+            mine.set()
+            if self._tails.get(lane) is mine:
+                del self._tails[lane]
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+
+class Endpoint:
+    """The control/data-plane endpoint of one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        process: str,
+        ipc_dir: Path,
+        placement: dict[str, str],
+        shm_prefix: str,
+        tracer: Tracer,
+        credits: dict[str, int] | None = None,
+        max_transfer_bytes: dict[str, int] | None = None,
+    ) -> None:
+        self.process = process
+        self.ipc_dir = ipc_dir
+        self.placement = placement
+        self.shm_prefix = shm_prefix
+        self.tracer = tracer
+        self.stages: dict[str, Stage] = {}
+        #: Handlers of messages only one side of the pipeline expects (coordinator
+        #: reports in main, shutdown and stats requests in workers), by message type.
+        self.handlers: dict[type[m.ControlMessage], Callable[[Any], Awaitable[None]]] = {}
+        #: In the main process: fails a request whose submitted inputs could not be delivered.
+        self.fail_submitted: Callable[[str, str], None] | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._pull: TrioSocket | None = None
+        self._push: dict[str, TrioSocket] = {}
+        self._adopted: list[TrioSocket] = []
+        self._relays: dict[str, ShmRelay] = {}
+        self._credits = credits or {}
+        self._max_transfer = max_transfer_bytes or {}
+        self._pending: dict[str, _PendingTransfer] = {}
+        self._transports: dict[str, TransportLog] = {}
+        self._sequence = itertools.count()
+        self._lanes = Lanes()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind the receive socket and handle messages until cancelled; close everything after."""
+        self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process))
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._receive_loop, self._pull, str(socket_path(self.ipc_dir, self.process)))
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            await self._close()
+
+    @property
+    def context(self) -> zmq.Context[Any]:
+        """The process's ZMQ context."""
+        return self._ctx
+
+    def adopt(self, sock: TrioSocket) -> None:
+        """Close ``sock`` with the endpoint."""
+        self._adopted.append(sock)
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
+        assert self._nursery is not None, "the endpoint is not serving"
+        self._nursery.start_soon(fn, *args)
+
+    async def _close(self) -> None:
+        # Runs while the endpoint is being cancelled: nothing here may be skipped.
+        with trio.CancelScope(shield=True):
+            for pending in self._pending.values():
+                pending.relay.settle(pending.put, False)
+            self._pending.clear()
+            for relay in self._relays.values():
+                await relay.aclose()
+            for sock in [*self._push.values(), *self._adopted, *([self._pull] if self._pull else [])]:
+                sock.close()
+            self._push.clear()
+            self._ctx.destroy(linger=0)
+
+    # ------------------------------------------------------------------ sending
+
+    def _socket_to(self, process: str) -> TrioSocket:
+        sock = self._push.get(process)
+        if sock is None:
+            sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process))
+        return sock
+
+    async def send(self, process: str, message: m.ControlMessage) -> None:
+        """Send one control message to ``process``."""
+        await self._socket_to(process).send_multipart(encode(message))
+
+    def connect_abort_channel(self, sock: TrioSocket) -> None:
+        """Handle aborts arriving on a subscribed broadcast socket (workers)."""
+        self.spawn(self._receive_loop, sock, str(abort_path(self.ipc_dir)))
+
+    def _relay(self, sender: str) -> ShmRelay:
+        relay = self._relays.get(sender)
+        if relay is None:
+            relay = self._relays[sender] = ShmRelay(
+                f"{self.shm_prefix}-{len(self._relays)}",
+                credits_per_target=self._credits.get(sender, 2),
+                max_transfer_bytes=self._max_transfer.get(sender, 512 << 20),
+            )
+        return relay
+
+    def relay_in_use(self, sender: str) -> int:
+        """Transfers sent by ``sender`` that wait for their ACK."""
+        return sum(1 for p in self._pending.values() if p.sender == sender)
+
+    def transports(self, sender: str) -> TransportLog:
+        """The transport log of ``sender``'s outgoing edges."""
+        log_ = self._transports.get(sender)
+        if log_ is None:
+            log_ = self._transports[sender] = TransportLog(sender, self.tracer)
+        return log_
+
+    async def send_object(
+        self,
+        obj: object,
+        *,
+        request_id: str,
+        sender: str,
+        receiver: str,
+        kind: DataRefKind,
+        direction: str,
+        make: Callable[[dict[str, Any]], m.ControlMessage],
+        chunk_id: int | None = None,
+    ) -> None:
+        """Write ``obj`` for ``receiver`` (inline or shared memory) and send the message ``make(data_ref)``.
+
+        A shared-memory transfer is tracked until its ACK; a failed or missing
+        ACK fails ``request_id`` at ``sender``.
+        """
+        start = time.monotonic()
+        object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
+        relay = self._relay(sender)
+        ref, put = await encode_object(obj, relay=relay, target=receiver, object_id=object_id, kind=kind)
+        written = time.monotonic()
+        self.transports(sender).note(direction, receiver, ref.transport.value)
+        if put is not None:
+            pending = self._pending[object_id] = _PendingTransfer(relay, put, request_id, sender, receiver)
+            self.spawn(self._await_ack, object_id, pending)
+        receiver_process = self.placement.get(receiver, "main") if receiver != COORDINATOR else "main"
+        await self.send(receiver_process, make(ref.to_wire()))
+        if self.tracer.enabled:
+            fields = {
+                "request_id": request_id,
+                "from_stage": sender,
+                "to_stage": receiver,
+                "transport": ref.transport.value,
+                "bytes": ref.nbytes if put is not None else len(ref.header or b""),
+                "write_ms": round((written - start) * 1000, 6),
+                "control_send_ms": _elapsed_ms(written),
+                "elapsed_ms": _elapsed_ms(start),
+            }
+            if chunk_id is None:
+                self.tracer.event("comm_payload_send", **fields)
+            else:
+                self.tracer.event("comm_stream_send", chunk_id=chunk_id, **fields)
+
+    async def _await_ack(self, object_id: str, pending: _PendingTransfer) -> None:
+        with trio.move_on_after(ACK_TIMEOUT_S):
+            await pending.acked.wait()
+        if not pending.acked.is_set():
+            pending.error = f"no ACK from {pending.receiver!r} within {ACK_TIMEOUT_S:g} s"
+        if self._pending.pop(object_id, None) is None:
+            return  # settled by the endpoint closing
+        pending.relay.settle(pending.put, pending.error is None)
+        if pending.error is not None:
+            await self.fail_request(
+                pending.sender, pending.request_id, f"transfer to {pending.receiver!r} failed: {pending.error}"
+            )
+
+    async def fail_request(self, sender: str, request_id: str, error: str) -> None:
+        """Fail ``request_id`` on behalf of a stage (or the coordinator) of this process."""
+        stage = self.stages.get(sender)
+        if stage is not None:
+            await stage.send_failure(request_id, error)
+        elif sender == COORDINATOR and self.fail_submitted is not None:
+            self.fail_submitted(request_id, error)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _receive_loop(self, sock: TrioSocket, source: str) -> None:
+        while True:
+            try:
+                batch = [await sock.recv_multipart()]
+                # Take everything already queued before handling any of it: a
+                # burst reaches a scheduler's inbox together (and batches there).
+                while len(batch) < RECEIVE_BATCH and (frames := sock.recv_nowait()) is not None:
+                    batch.append(frames)
+            except trio.ClosedResourceError:
+                return
+            for frames in batch:
+                await self._handle_frames(frames, source)
+
+    async def _handle_frames(self, frames: list[bytes], source: str) -> None:
+        if frames[:1] == [ABORT_TOPIC]:
+            frames = frames[1:]
+        try:
+            message = decode(frames)
+        except MalformedMessage as exc:
+            log.warning("malformed_message_dropped", socket=source, process=self.process, reason=exc.reason)
+            return
+        try:
+            await self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - one bad message must not end the receive loop
+            log.warning(
+                "message_dropped",
+                socket=source,
+                process=self.process,
+                message=type(message).__name__,
+                error=describe_error(exc),
+            )
+
+    async def _dispatch(self, message: m.ControlMessage) -> None:
+        if isinstance(message, m.DataReady):
+            await self._on_data_ready(message)
+        elif isinstance(message, m.DataAck):
+            self._on_ack(message)
+        elif isinstance(message, m.Submit):
+            await self._on_submit(message)
+        elif isinstance(message, m.Abort):
+            for stage in self.stages.values():
+                stage.on_abort(message.request_id)
+            if self.process != "main":
+                await self.send("main", m.AbortDone(request_id=message.request_id, process=self.process))
+        else:
+            handler = self.handlers.get(type(message))
+            if handler is None:
+                raise ValueError(f"{type(message).__name__} is not expected by process {self.process!r}")
+            await handler(message)
+
+    def _stage(self, name: str) -> Stage:
+        stage = self.stages.get(name)
+        if stage is None:
+            raise LookupError(f"stage {name!r} does not run in process {self.process!r}")
+        return stage
+
+    async def _on_submit(self, message: m.Submit) -> None:
+        stage = self._stage(message.to_stage)
+        ref = DataRef.from_wire(message.data_ref)
+
+        async def deliver(payload: Any) -> None:
+            await stage.on_submit(self._checked_payload(payload, message.request_id))
+
+        await self.receive_object(ref, message.request_id, COORDINATOR, message.to_stage, deliver)
+
+    @staticmethod
+    def _checked_payload(payload: Any, request_id: str) -> StagePayload:
+        if not isinstance(payload, StagePayload) or payload.request_id != request_id:
+            raise ValueError(f"expected the StagePayload of {request_id!r}, got {type(payload).__name__}")
+        return payload
+
+    async def _on_data_ready(self, message: m.DataReady) -> None:
+        stage = self._stage(message.to_stage)
+        rid, sender = message.request_id, message.from_stage
+        if message.is_signal:
+            lane = (rid, sender, stage.name)
+
+            async def signal(_: Any) -> None:
+                await stage.deliver_stream_signal(rid, sender, message.error)
+
+            await self._in_lane(lane, _nothing, signal)
+            return
+        ref = DataRef.from_wire(message.data_ref)
+        if message.chunk_id is None:
+
+            async def payload(value: Any) -> None:
+                await stage.deliver_payload(rid, sender, self._checked_payload(value, rid))
+
+            await self.receive_object(ref, rid, sender, stage.name, payload)
+            return
+        chunk_id = message.chunk_id
+
+        async def chunk(value: Any) -> None:
+            data, metadata = value
+            await stage.deliver_stream_chunks(rid, sender, [StreamItem(chunk_id, data, sender, metadata)])
+
+        await self.receive_object(ref, rid, sender, stage.name, chunk, chunk_id=chunk_id)
+
+    async def receive_object(
+        self,
+        ref: DataRef,
+        request_id: str,
+        sender: str,
+        receiver: str,
+        deliver: Callable[[Any], Awaitable[None]],
+        *,
+        chunk_id: int | None = None,
+    ) -> None:
+        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order."""
+        lane = (request_id, sender, receiver)
+
+        async def read() -> Any:
+            start = time.monotonic()
+            try:
+                value = await decode_object(ref, shm_prefix=None)
+            except Exception as exc:
+                if ref.buffer is not None:
+                    await self._ack(ref, request_id, sender, receiver, describe_error(exc))
+                await self.fail_request(
+                    receiver, request_id, f"reading data from {sender!r} failed: {describe_error(exc)}"
+                )
+                raise _ReadFailed from exc
+            if ref.buffer is not None:
+                await self._ack(ref, request_id, sender, receiver, None)
+            if self.tracer.enabled and chunk_id is not None:
+                self.tracer.event(
+                    "comm_stream_read",
+                    request_id=request_id,
+                    from_stage=sender,
+                    to_stage=receiver,
+                    chunk_id=chunk_id,
+                    object_id=ref.object_id,
+                    transport=ref.transport.value,
+                    bytes=ref.nbytes or len(ref.header or b""),
+                    elapsed_ms=_elapsed_ms(start),
+                )
+            return value
+
+        if ref.buffer is None and self._lanes.idle(lane):
+            # Inline and nothing ahead of it: deliver now, no task needed.
+            try:
+                value = await read()
+            except _ReadFailed:
+                return
+            await deliver(value)
+            return
+        self.spawn(self._in_lane, lane, read, deliver)
+
+    async def _in_lane(
+        self, lane: tuple[str, str, str], read: Callable[[], Awaitable[Any]], deliver: Callable[[Any], Awaitable[None]]
+    ) -> None:
+        with contextlib.suppress(_ReadFailed):
+            await self._lanes.run(lane, read, deliver)
+
+    async def _ack(self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None) -> None:
+        sender_process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
+        ack = m.DataAck(
+            request_id=request_id,
+            from_stage=receiver,
+            to_stage=sender,
+            object_id=ref.object_id,
+            success=error is None,
+            error=error,
+        )
+        await self.send(sender_process, ack)
+
+    def _on_ack(self, message: m.DataAck) -> None:
+        pending = self._pending.get(message.object_id)
+        if pending is None or pending.sender != message.to_stage:
+            return  # already settled (timed out, or the endpoint closed)
+        pending.error = message.error
+        pending.acked.set()
+
+    def pending_transfers(self) -> int:
+        """Transfers of this process waiting for their ACK."""
+        return len(self._pending)
+
+    def busy_lanes(self) -> int:
+        """Lanes with a read or delivery in progress."""
+        return len(self._lanes)
+
+
+class _ReadFailed(Exception):
+    """Reading an object failed; the request was failed and the sender ACKed."""
+
+
+async def _nothing() -> None:
+    return None
+
+
+class RemoteStageLink:
+    """An edge to a stage in another process: data goes through :class:`Endpoint`."""
+
+    local = False
+
+    def __init__(self, endpoint: Endpoint, sender: str, target: str) -> None:
+        self.target = target
+        self._endpoint = endpoint
+        self._sender = sender
+        self._process = endpoint.placement[target]
+
+    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
+        """Send the payload (inline or through shared memory)."""
+        await self._endpoint.send_object(
+            payload,
+            request_id=request_id,
+            sender=from_stage,
+            receiver=self.target,
+            kind=DataRefKind.stage_payload,
+            direction="payload",
+            make=lambda ref: m.DataReady(
+                request_id=request_id, from_stage=from_stage, to_stage=self.target, data_ref=ref
+            ),
+        )
+
+    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
+        """Send each chunk with its metadata as one object (inline when small)."""
+        for item in items:
+            await self._endpoint.send_object(
+                (item.data, item.metadata),
+                request_id=request_id,
+                sender=from_stage,
+                receiver=self.target,
+                kind=DataRefKind.stream_chunk,
+                direction="stream",
+                chunk_id=item.chunk_id,
+                make=lambda ref, chunk_id=item.chunk_id: m.DataReady(  # type: ignore[misc]
+                    request_id=request_id, from_stage=from_stage, to_stage=self.target, data_ref=ref, chunk_id=chunk_id
+                ),
+            )
+
+    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """Send the end-of-stream (or stream error) signal."""
+        message = m.DataReady(
+            request_id=request_id, from_stage=from_stage, to_stage=self.target, is_done=error is None, error=error
+        )
+        await self._endpoint.send(self._process, message)
+
+
+class RemoteCoordinatorLink:
+    """A worker stage's edge to the coordinator in the main process."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+
+    async def complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
+        """Send the terminal result (through the data plane: it may hold tensors) or a failure."""
+        if error is not None:
+            await self._endpoint.send(
+                "main", m.Complete(request_id=request_id, from_stage=from_stage, success=False, error=error)
+            )
+            return
+        await self._endpoint.send_object(
+            result,
+            request_id=request_id,
+            sender=from_stage,
+            receiver=COORDINATOR,
+            kind=DataRefKind.stage_payload,
+            direction="result",
+            make=lambda ref: m.Complete(request_id=request_id, from_stage=from_stage, success=True, data_ref=ref),
+        )
+
+    async def stream(self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None) -> None:
+        """Send one chunk for the caller's stream (through the data plane)."""
+        await self._endpoint.send_object(
+            chunk,
+            request_id=request_id,
+            sender=from_stage,
+            receiver=COORDINATOR,
+            kind=DataRefKind.stream_chunk,
+            direction="stream",
+            chunk_id=chunk_id,
+            make=lambda ref: m.Stream(
+                request_id=request_id, from_stage=from_stage, chunk_id=chunk_id, modality=modality, data_ref=ref
+            ),
+        )

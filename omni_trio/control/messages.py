@@ -1,0 +1,277 @@
+"""Control-plane messages (SPEC §2.2) as attrs classes.
+
+Every message class is frozen, registered under a short type tag with
+:func:`message`, and encoded/decoded by :mod:`omni_trio.control.codec`.
+Constructors validate, so an invalid message fails at the sender, and the
+codec's decoder runs the same checks on whatever arrives.
+
+Python objects (payload headers, results, chunks) travel as pickled
+``bytes`` fields (``header``, ``result_header``, ``chunk_header``); the codec
+never unpickles them: that is the receiving stage's decision (SPEC §9 item
+19: only over private IPC sockets).
+
+To add a message: define a frozen attrs class deriving from
+:class:`ControlMessage`, decorate it with ``@message("tag")``, use only
+msgpack-friendly field types (str, int, bool, float, bytes, None, list/tuple
+of those, ``dict[str, Any]``), and give optional fields defaults (fields
+equal to their default are omitted on the wire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+import attrs
+
+__all__ = [
+    "MESSAGE_TYPES",
+    "Abort",
+    "AbortDone",
+    "Complete",
+    "ControlMessage",
+    "DataAck",
+    "DataReady",
+    "Ready",
+    "Shutdown",
+    "StartupFailed",
+    "StatsReply",
+    "StatsRequest",
+    "Stream",
+    "Submit",
+    "message",
+]
+
+#: tag -> message class; filled by :func:`message`.
+MESSAGE_TYPES: dict[str, type[ControlMessage]] = {}
+
+M = TypeVar("M", bound="type[ControlMessage]")
+
+
+def message(tag: str) -> Callable[[M], M]:
+    """Class decorator registering a message class under ``tag``."""
+    if not tag or not tag.isascii() or len(tag) > 32:
+        raise ValueError(f"bad message tag {tag!r}")
+
+    def register(cls: M) -> M:
+        if tag in MESSAGE_TYPES:
+            raise ValueError(f"message tag {tag!r} already used by {MESSAGE_TYPES[tag].__name__}")
+        cls.TAG = tag
+        MESSAGE_TYPES[tag] = cls
+        return cls
+
+    return register
+
+
+def _nonempty_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not str or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _opt_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and type(value) is not str:
+        raise TypeError(f"{attribute.name} must be a string or None, got {type(value).__name__}")
+
+
+def _opt_bytes(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and type(value) is not bytes:
+        raise TypeError(f"{attribute.name} must be bytes or None, got {type(value).__name__}")
+
+
+def _opt_map(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and type(value) is not dict:
+        raise TypeError(f"{attribute.name} must be a map or None, got {type(value).__name__}")
+
+
+def _exact(tp: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    # Exact type check: bool is an int subclass, but not a valid chunk id.
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not tp:
+            raise TypeError(f"{attribute.name} must be {tp.__name__}, got {type(value).__name__}")
+
+    return check
+
+
+def _opt_chunk_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _str_tuple(value: object) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list of strings, got {type(value).__name__}")
+    for item in value:
+        if type(item) is not str:
+            raise TypeError(f"expected a list of strings, got an item of type {type(item).__name__}")
+    return tuple(value)
+
+
+@attrs.frozen
+class ControlMessage:
+    """Base of every control-plane message."""
+
+    TAG: ClassVar[str] = ""
+
+
+@message("submit")
+@attrs.frozen
+class Submit(ControlMessage):
+    """Coordinator → entry stage: admit a request. ``data_ref``: its StagePayload (a DataRef map)."""
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    to_stage: str = attrs.field(validator=_nonempty_str)
+    data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
+
+
+@message("data_ready")
+@attrs.frozen
+class DataReady(ControlMessage):
+    """Stage → stage: a payload, a stream chunk, or a stream done/error signal.
+
+    Variants (SPEC §2.3): a *signal* has ``is_done`` or ``error`` (never
+    both) and neither ``data_ref`` nor ``chunk_id``; anything else carries a
+    ``data_ref`` map (a DataRef wire map, see ``omni_trio.comm.dataref``);
+    a ``chunk_id`` (>= 0) makes it a stream chunk.
+    """
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    to_stage: str = attrs.field(validator=_nonempty_str)
+    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=_opt_map)
+    chunk_id: int | None = attrs.field(default=None, validator=_opt_chunk_id)
+    is_done: bool = attrs.field(default=False, validator=_exact(bool))
+    error: str | None = attrs.field(default=None, validator=_opt_str)
+
+    def __attrs_post_init__(self) -> None:
+        if self.is_done and self.error is not None:
+            raise ValueError("DataReady: is_done and error are mutually exclusive")
+        if self.is_signal:
+            if self.data_ref is not None or self.chunk_id is not None:
+                raise ValueError("DataReady: a done/error signal carries neither data_ref nor chunk_id")
+        elif self.data_ref is None:
+            raise ValueError("DataReady: a payload or chunk needs a data_ref map")
+
+    @property
+    def is_signal(self) -> bool:
+        """True for stream-done and stream-error signals."""
+        return self.is_done or self.error is not None
+
+    @property
+    def is_chunk(self) -> bool:
+        """True for stream chunks (data with a chunk id)."""
+        return self.chunk_id is not None
+
+
+@message("data_ack")
+@attrs.frozen
+class DataAck(ControlMessage):
+    """Receiver → sender: one relay object was read (or failed); free it.
+
+    ``from_stage`` is the acker (data receiver), ``to_stage`` the original
+    sender. ``error`` is required iff ``success`` is false.
+    """
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    to_stage: str = attrs.field(validator=_nonempty_str)
+    object_id: str = attrs.field(validator=_nonempty_str)
+    success: bool = attrs.field(validator=_exact(bool))
+    error: str | None = attrs.field(default=None, validator=_opt_str)
+
+    def __attrs_post_init__(self) -> None:
+        if self.success and self.error is not None:
+            raise ValueError("DataAck: a successful ACK carries no error")
+        if not self.success and not self.error:
+            raise ValueError("DataAck: a failure ACK needs an error text")
+
+
+@message("complete")
+@attrs.frozen
+class Complete(ControlMessage):
+    """Stage → coordinator: terminal result (``data_ref``: a DataRef map) or request failure (``error``)."""
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    success: bool = attrs.field(validator=_exact(bool))
+    error: str | None = attrs.field(default=None, validator=_opt_str)
+    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=_opt_map)
+
+    def __attrs_post_init__(self) -> None:
+        if self.success and (self.error is not None or self.data_ref is None):
+            raise ValueError("Complete: a successful completion carries a data_ref and no error")
+        if not self.success and (not self.error or self.data_ref is not None):
+            raise ValueError("Complete: a failure carries an error text and no data_ref")
+
+
+@message("stream")
+@attrs.frozen
+class Stream(ControlMessage):
+    """Terminal stage → coordinator: one partial output chunk (``data_ref``: a DataRef map)."""
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    chunk_id: int = attrs.field(validator=_opt_chunk_id)
+    data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
+    modality: str | None = attrs.field(default=None, validator=_opt_str)
+
+
+@message("abort")
+@attrs.frozen
+class Abort(ControlMessage):
+    """Coordinator → every stage (broadcast): drop everything about a request."""
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+
+
+@message("abort_done")
+@attrs.frozen
+class AbortDone(ControlMessage):
+    """Worker → coordinator: every stage of ``process`` dropped ``request_id``."""
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    process: str = attrs.field(validator=_nonempty_str)
+
+
+@message("shutdown")
+@attrs.frozen
+class Shutdown(ControlMessage):
+    """Coordinator → stage: leave the receive loop and stop."""
+
+
+@message("ready")
+@attrs.frozen
+class Ready(ControlMessage):
+    """Worker process → runner: all its stages are built and listening."""
+
+    process: str = attrs.field(validator=_nonempty_str)
+    stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
+
+
+@message("startup_failed")
+@attrs.frozen
+class StartupFailed(ControlMessage):
+    """Worker process → runner: building a stage failed (formatted traceback)."""
+
+    process: str = attrs.field(validator=_nonempty_str)
+    traceback: str = attrs.field(validator=_exact(str))
+
+
+@message("stats_request")
+@attrs.frozen
+class StatsRequest(ControlMessage):
+    """Runner → worker: send a StatsReply with ``token`` to endpoint ``reply_to``."""
+
+    reply_to: str = attrs.field(validator=_nonempty_str)
+    token: int = attrs.field(validator=_exact(int))
+
+
+@message("stats_reply")
+@attrs.frozen
+class StatsReply(ControlMessage):
+    """Worker → runner: per-stage counters (``{stage: {counter: value}}``)."""
+
+    token: int = attrs.field(validator=_exact(int))
+    stages: dict[str, Any] = attrs.field(validator=_exact(dict))
+    process: str = attrs.field(default="", validator=_exact(str))

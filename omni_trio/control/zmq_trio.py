@@ -1,0 +1,354 @@
+"""pyzmq sockets driven by trio, without polling.
+
+A zmq socket exposes one file descriptor (``zmq.FD``) that becomes readable
+when the socket's state *may* have changed (commands pending inside libzmq).
+It is edge-like: reading ``zmq.EVENTS`` (or any send/recv) processes those
+commands and resets the fd, possibly *making* the socket readable/writable
+without the fd ever signalling again. So the only correct loop is:
+
+1. try the operation with ``NOBLOCK``;
+2. on ``zmq.Again`` read ``EVENTS``; if the wanted flag is set, retry;
+3. only then ``await trio.lowlevel.wait_readable(fd)`` and go to 2.
+
+Trio allows one task at a time in ``wait_readable`` for a given fd, while
+both receiving (POLLIN) and sending (POLLOUT) wait on that same fd. One
+waiting task per direction is admitted (a ``trio.Lock`` each); of those, the
+first becomes the *watcher* that sits in ``wait_readable``; any other waiter
+parks on an event and is woken whenever someone reads ``EVENTS`` and sees its
+flag (including after every successful send/recv, which may have consumed the
+fd's signal), and whenever the watcher leaves, so that it can take over.
+
+Ownership rule: **one owning task per socket for receiving** (a second
+concurrent receiver is serialised behind the receive lock, but message order
+between two receivers is then arbitrary). Any number of tasks may send; each
+``send_multipart`` is atomic (libzmq delivers multipart messages whole).
+
+PUB/SUB slow joiner: a SUB socket only receives what is published *after* its
+subscription reached the publisher (connect + handshake + subscription
+forwarding, asynchronously). Messages published earlier are silently
+dropped, and a PUB socket drops at its high-water mark instead of blocking.
+:class:`TrioSocket` does nothing about it: the runtime performs a handshake
+(e.g. publish until every subscriber confirmed over its PUSH channel) before
+relying on the broadcast.
+
+Endpoints are ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
+but there is a short window after ``bind`` with the umask's mode: create
+endpoints inside a private (0700) directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import trio
+import zmq
+
+__all__ = [
+    "MAX_IPC_PATH",
+    "EndpointPathTooLong",
+    "TrioSocket",
+    "bind_pub",
+    "bind_pull",
+    "bind_xpub",
+    "connect_push",
+    "connect_sub",
+    "ipc_endpoint",
+]
+
+#: Longest accepted ipc path in bytes (sun_path is 108 bytes on Linux,
+#: keep a margin for libzmq's own bookkeeping).
+MAX_IPC_PATH = 99
+
+Frame = bytes | bytearray | memoryview | zmq.Frame
+
+
+class EndpointPathTooLong(ValueError):
+    """An ipc:// socket path does not fit a Unix socket address."""
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    flag: int
+    event: trio.Event = attrs.field(factory=trio.Event)
+    scope: trio.CancelScope | None = None
+
+    def wake(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        self.event.set()
+
+
+class TrioSocket:
+    """A zmq socket used from trio tasks (the zmq socket must not be used elsewhere).
+
+    Receiving: one owning task (see module docstring). Sending: any task.
+    ``close()`` wakes pending operations with ``trio.ClosedResourceError``.
+    """
+
+    def __init__(self, socket: zmq.Socket[Any]) -> None:
+        self._sock = socket
+        self._fd = int(socket.getsockopt(zmq.FD))
+        self._closed = False
+        self._recv_lock = trio.Lock()
+        self._send_lock = trio.Lock()
+        self._waiters: dict[int, _Waiter] = {}
+        self._watcher: _Waiter | None = None
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        """The wrapped zmq socket (for setsockopt; do not send/recv on it directly)."""
+        return self._sock
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("zmq socket was closed")
+
+    def _poll_events(self, me: _Waiter | None = None) -> int:
+        """Read EVENTS (which resets the fd) and wake waiters it satisfies."""
+        events = int(self._sock.getsockopt(zmq.EVENTS))
+        for waiter in self._waiters.values():
+            if waiter is not me and events & waiter.flag:
+                waiter.wake()
+        return events
+
+    def _after_op(self) -> None:
+        # A successful send/recv may have processed the commands that would
+        # have woken another waiter (and reset the fd): tell it.
+        if self._waiters:
+            self._poll_events()
+
+    async def _wait(self, flag: int) -> None:
+        """Return once ``EVENTS & flag``; caller holds that direction's lock."""
+        me = _Waiter(flag)
+        self._waiters[flag] = me
+        try:
+            while True:
+                self._check_open()
+                # Fresh event before polling: a wake-up after the poll below
+                # is never lost, a stale one from earlier never spins us.
+                me.event = trio.Event()
+                if self._poll_events(me) & flag:
+                    return
+                if self._watcher is None:
+                    self._watcher = me
+                    try:
+                        with trio.CancelScope() as scope:
+                            me.scope = scope
+                            await trio.lowlevel.wait_readable(self._fd)
+                    finally:
+                        me.scope = None
+                        self._watcher = None
+                else:
+                    await me.event.wait()
+        finally:
+            del self._waiters[flag]
+            # Hand the watch over: remaining waiters recheck, one takes it.
+            for waiter in self._waiters.values():
+                waiter.wake()
+
+    async def recv_multipart(self) -> list[bytes]:
+        """Receive one message (all its frames as bytes).
+
+        Cancel-safe: a message is either returned or left in the socket.
+        Raises trio.ClosedResourceError if the socket is or gets closed.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        try:
+            frames: list[bytes] = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        else:
+            self._after_op()
+            # Yield once (trio convention) without risking the message.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return frames
+        async with self._recv_lock:
+            while True:
+                self._check_open()
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    await self._wait(zmq.POLLIN)
+                    continue
+                self._after_op()
+                return frames
+
+    def recv_nowait(self) -> list[bytes] | None:
+        """Receive one message if one is queued, else return None (never waits).
+
+        Lets the owning task take every queued message in one wake-up.
+        """
+        self._check_open()
+        try:
+            frames: list[bytes] = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        self._after_op()
+        return frames
+
+    async def send_multipart(self, frames: Sequence[Frame]) -> None:
+        """Send one message; waits (without polling) while the socket is at its HWM.
+
+        Frames of 64 KiB and more are sent without copying (pyzmq's copy
+        threshold): do not mutate their buffers afterwards. Cancel-safe: the
+        message is either queued whole or not at all.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_open()
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        else:
+            self._after_op()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        async with self._send_lock:
+            while True:
+                self._check_open()
+                try:
+                    self._sock.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    await self._wait(zmq.POLLOUT)
+                    continue
+                self._after_op()
+                return
+
+    def close(self, linger: int = 0) -> None:
+        """Close the socket; pending and later operations raise ClosedResourceError.
+
+        ``linger`` (ms) is passed to zmq: 0 drops unsent messages now; a
+        positive value lets ``Context.term()`` try to deliver them. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        # Must precede closing the fd: wakes a task in wait_readable with
+        # ClosedResourceError instead of leaving it on a dead fd. Outside
+        # trio.run (RuntimeError) nobody can be waiting.
+        with contextlib.suppress(RuntimeError):
+            trio.lowlevel.notify_closing(self._fd)
+        for waiter in self._waiters.values():
+            waiter.event.set()
+        self._sock.close(linger=linger)
+
+    async def aclose(self) -> None:
+        """Async spelling of :meth:`close` (trio AsyncResource style)."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def __enter__(self) -> TrioSocket:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def ipc_endpoint(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """Return ``(endpoint, filesystem_path)`` for an ipc path (``ipc://`` optional).
+
+    Raises EndpointPathTooLong when the path does not fit a Unix socket address.
+    """
+    raw = os.fspath(path)
+    if raw.startswith("ipc://"):
+        raw = raw[len("ipc://") :]
+    if not raw:
+        raise ValueError("empty ipc path")
+    size = len(os.fsencode(raw))
+    if size > MAX_IPC_PATH:
+        raise EndpointPathTooLong(
+            f"ipc socket path is {size} bytes, the limit is {MAX_IPC_PATH} "
+            f"(Unix socket addresses are short); use a shorter directory: {raw!r}"
+        )
+    return "ipc://" + raw, raw
+
+
+def _new_socket(ctx: zmq.Context[Any], kind: int, hwm: int | None) -> zmq.Socket[Any]:
+    sock: zmq.Socket[Any] = ctx.socket(kind)
+    # Never let Context.term() hang on undeliverable messages.
+    sock.setsockopt(zmq.LINGER, 0)
+    if hwm is not None:
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+    return sock
+
+
+def _bind(ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], hwm: int | None) -> TrioSocket:
+    endpoint, fs_path = ipc_endpoint(path)
+    sock = _new_socket(ctx, kind, hwm)
+    try:
+        sock.bind(endpoint)
+        # Only our user may connect (payload headers are pickled: SPEC §9 item 19).
+        os.chmod(fs_path, 0o600)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock)
+
+
+def _connect(ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], hwm: int | None) -> TrioSocket:
+    endpoint, _ = ipc_endpoint(path)
+    sock = _new_socket(ctx, kind, hwm)
+    try:
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return TrioSocket(sock)
+
+
+def bind_pull(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+    """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path``."""
+    return _bind(ctx, zmq.PULL, path, hwm)
+
+
+def connect_push(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+    """Connect a PUSH socket to ``ipc://path`` (the peer may bind later)."""
+    return _connect(ctx, zmq.PUSH, path, hwm)
+
+
+def bind_pub(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+    """Bind a PUB socket (broadcast, e.g. Abort) at ``ipc://path``. Mind the slow joiner."""
+    return _bind(ctx, zmq.PUB, path, hwm)
+
+
+def bind_xpub(
+    ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None, verbose: bool = True
+) -> TrioSocket:
+    """Bind an XPUB socket: a PUB whose ``recv_multipart`` yields subscriptions.
+
+    Each subscription arrives as one frame ``b"\\x01" + topic`` (``b"\\x00" +
+    topic`` for an unsubscription). This is the building block of the slow
+    joiner handshake: a subscriber subscribes to a topic of its own last,
+    and once the publisher sees it, every earlier subscription of that
+    subscriber is in place too. ``verbose`` (XPUB_VERBOSE) reports every
+    subscription, not only the first one per topic. The socket is used by a
+    receiving task and publishing tasks at once, which TrioSocket supports.
+    """
+    sock = _bind(ctx, zmq.XPUB, path, hwm)
+    if verbose:
+        sock.socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+    return sock
+
+
+def connect_sub(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+    """Connect a SUB socket subscribed to everything to ``ipc://path``."""
+    return _connect(ctx, zmq.SUB, path, hwm)

@@ -1,0 +1,256 @@
+"""pyzmq on trio: edge-triggered FD waiting, HWM back-pressure, close, ipc helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+from omni_trio.control.zmq_trio import (
+    EndpointPathTooLong,
+    TrioSocket,
+    bind_pub,
+    bind_pull,
+    bind_xpub,
+    connect_push,
+    connect_sub,
+    ipc_endpoint,
+)
+
+
+@pytest.fixture
+def ipc_dir() -> Iterator[str]:
+    """A short private directory for ipc:// socket files (pytest's tmp_path can be too long)."""
+    path = tempfile.mkdtemp(prefix="ot-zmq-", dir="/tmp")
+    os.chmod(path, 0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield context
+    context.term()
+
+
+async def test_push_pull_round_trip(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "inbox")
+        with bind_pull(ctx, path) as pull, connect_push(ctx, path) as push:
+            await push.send_multipart([b"tag", b"body", b""])
+            assert await pull.recv_multipart() == [b"tag", b"body", b""]
+            await push.send_multipart([bytearray(b"x" * 200_000), memoryview(b"y")])  # zero-copy sized frame
+            frames = await pull.recv_multipart()
+            assert frames == [b"x" * 200_000, b"y"]
+
+
+async def test_many_messages_in_order_with_concurrent_senders(
+    ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str
+) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "many")
+        count = 2000
+        with bind_pull(ctx, path, hwm=50) as pull, connect_push(ctx, path, hwm=50) as push:
+            received: dict[bytes, list[int]] = {b"a": [], b"b": []}
+
+            async def sender(name: bytes) -> None:
+                for i in range(count):
+                    await push.send_multipart([name, i.to_bytes(4, "big")])
+
+            async def receiver() -> None:
+                for _ in range(2 * count):
+                    name, raw = await pull.recv_multipart()
+                    received[name].append(int.from_bytes(raw, "big"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(receiver)
+                nursery.start_soon(sender, b"a")
+                nursery.start_soon(sender, b"b")
+            # per-sender FIFO order, nothing lost or duplicated
+            assert received[b"a"] == list(range(count))
+            assert received[b"b"] == list(range(count))
+
+
+async def test_send_blocks_at_hwm_and_resumes(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "hwm")
+        # Nobody is bound yet: messages wait in the PUSH pipe, bounded by its HWM.
+        push = connect_push(ctx, path, hwm=2)
+        sent = 0
+        total = 20
+
+        async def sender() -> None:
+            nonlocal sent
+            for i in range(total):
+                await push.send_multipart([b"%d" % i])
+                sent += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            await trio.testing.wait_all_tasks_blocked()
+            assert 0 < sent < total  # blocked at the high-water mark, not polling
+            stuck = sent
+            await trio.sleep(0.05)
+            assert sent == stuck
+            with bind_pull(ctx, path, hwm=2) as pull:
+                got = [await pull.recv_multipart() for _ in range(total)]
+        assert got == [[b"%d" % i] for i in range(total)]
+        push.close()
+
+
+async def test_pub_sub_delivery_after_subscription(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "abort")
+        with bind_pub(ctx, path) as pub, connect_sub(ctx, path) as sub:
+            # Slow joiner: publish probes until the subscription has propagated.
+            subscribed = trio.Event()
+
+            async def prober() -> None:
+                while not subscribed.is_set():
+                    await pub.send_multipart([b"probe"])
+                    await trio.sleep(0.005)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(prober)
+                assert await sub.recv_multipart() == [b"probe"]
+                subscribed.set()
+            for i in range(100):
+                await pub.send_multipart([b"abort", b"r%d" % i])
+            got: list[list[bytes]] = []
+            while len(got) < 100:
+                frames = await sub.recv_multipart()
+                if frames != [b"probe"]:
+                    got.append(frames)
+            assert got == [[b"abort", b"r%d" % i] for i in range(100)]
+
+
+async def test_xpub_reports_subscriptions_while_publishing(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "xpub")
+        with bind_xpub(ctx, path) as xpub:
+            subscriptions: list[bytes] = []
+            seen_ready = trio.Event()
+
+            async def watch() -> None:
+                while True:
+                    (frame,) = await xpub.recv_multipart()
+                    subscriptions.append(frame)
+                    if frame == b"\x01ready:p1":
+                        seen_ready.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                await trio.testing.wait_all_tasks_blocked()
+                with connect_sub(ctx, path) as sub:
+                    sub.socket.setsockopt(zmq.SUBSCRIBE, b"ready:p1")  # handshake topic, last
+                    await seen_ready.wait()
+                    # The handshake proves the subscription is in place: nothing is lost.
+                    await xpub.send_multipart([b"abort", b"r1"])
+                    assert await sub.recv_multipart() == [b"abort", b"r1"]
+                nursery.cancel_scope.cancel()
+            assert subscriptions[0] == b"\x01" and subscriptions[-1] == b"\x01ready:p1"
+
+
+async def test_close_wakes_a_pending_recv(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        pull = bind_pull(ctx, os.path.join(ipc_dir, "closing"))
+        outcome: list[str] = []
+
+        async def receiver() -> None:
+            with pytest.raises(trio.ClosedResourceError):
+                await pull.recv_multipart()
+            outcome.append("closed")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receiver)
+            await trio.testing.wait_all_tasks_blocked()
+            pull.close()
+        assert outcome == ["closed"]
+        with pytest.raises(trio.ClosedResourceError):
+            await pull.recv_multipart()
+        pull.close()  # idempotent
+
+
+async def test_close_wakes_both_directions(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        # A DEALER with no peer blocks both on send and on recv: two waiters on one fd.
+        dealer = TrioSocket(ctx.socket(zmq.DEALER))
+        dealer.socket.bind(ipc_endpoint(os.path.join(ipc_dir, "both"))[0])
+        closed: list[str] = []
+
+        async def op(name: str) -> None:
+            with pytest.raises(trio.ClosedResourceError):
+                if name == "send":
+                    await dealer.send_multipart([b"x"])
+                else:
+                    await dealer.recv_multipart()
+            closed.append(name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(op, "recv")
+            nursery.start_soon(op, "send")
+            await trio.testing.wait_all_tasks_blocked()
+            dealer.close()
+        assert sorted(closed) == ["recv", "send"]
+
+
+async def test_send_and_recv_waiting_on_one_socket(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        endpoint = ipc_endpoint(os.path.join(ipc_dir, "duplex"))[0]
+        with TrioSocket(ctx.socket(zmq.DEALER)) as a, TrioSocket(ctx.socket(zmq.DEALER)) as b:
+            a.socket.setsockopt(zmq.LINGER, 0)
+            b.socket.setsockopt(zmq.LINGER, 0)
+            a.socket.bind(endpoint)
+            got: list[list[bytes]] = []
+
+            async def recv_on_a() -> None:
+                got.append(await a.recv_multipart())
+
+            async def send_on_a() -> None:
+                await a.send_multipart([b"to-b"])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(recv_on_a)
+                nursery.start_soon(send_on_a)
+                await trio.testing.wait_all_tasks_blocked()  # both wait on a's one fd
+                b.socket.connect(endpoint)
+                assert await b.recv_multipart() == [b"to-b"]  # a's sender woke up
+                await b.send_multipart([b"to-a"])  # and a's receiver does too
+            assert got == [[b"to-a"]]
+
+
+async def test_cancelled_recv_loses_nothing(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "cancel")
+        with bind_pull(ctx, path) as pull, connect_push(ctx, path) as push:
+            with trio.move_on_after(0.02):
+                await pull.recv_multipart()
+            await push.send_multipart([b"after"])
+            assert await pull.recv_multipart() == [b"after"]
+
+
+async def test_bound_socket_file_is_private(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "private")
+        for bind in (bind_pull, bind_pub, bind_xpub):
+            with bind(ctx, path):
+                mode = os.stat(path).st_mode
+                assert stat.S_ISSOCK(mode)
+                assert stat.S_IMODE(mode) == 0o600
+
+
+def test_ipc_path_too_long(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    long_path = "/tmp/" + "x" * 120
+    for helper in (bind_pull, connect_push, bind_pub, bind_xpub, connect_sub):
+        with pytest.raises(EndpointPathTooLong, match="limit is 99"):
+            helper(ctx, long_path)
+    assert ipc_endpoint("ipc:///tmp/a") == ("ipc:///tmp/a", "/tmp/a")
+    assert ipc_endpoint("/tmp/" + "y" * 94)[1].endswith("y")
