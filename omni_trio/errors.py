@@ -72,19 +72,19 @@ class RequestTimeout(RequestError):
 
 
 class StageProcessDied(RequestError):
-    """A stage process holding the request exited unexpectedly."""
+    """A stage process exited unexpectedly.
 
-    def __init__(
-        self, request_id: str, process: str, pid: int | None, returncode: int | None
-    ) -> None:
+    Raised by every request the process held (``request_id`` set), and by
+    ``open_pipeline`` itself when the pipeline shuts down because of it
+    (``request_id`` None).
+    """
+
+    def __init__(self, request_id: str | None, process: str, pid: int | None, returncode: int | None) -> None:
         self.process = process
         self.pid = pid
         self.returncode = returncode
-        super().__init__(
-            request_id,
-            f"request {request_id!r} lost: stage process {process!r} (pid {pid}) "
-            f"{describe_exit(returncode)}",
-        )
+        what = f"stage process {process!r} (pid {pid}) {describe_exit(returncode)}"
+        super().__init__(request_id or "", what if request_id is None else f"request {request_id!r} lost: {what}")
 
 
 def describe_exit(returncode: int | None) -> str:

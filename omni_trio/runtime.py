@@ -2,29 +2,44 @@
 
 Stages with ``process=None`` run inside the caller's process on the
 caller's trio loop ("embedded" placement): no child process, no socket.
+Stages that name a process run in worker processes (see
+:mod:`omni_trio.supervisor` and :mod:`omni_trio.worker`); the caller's
+process then talks to them through its :class:`~omni_trio.control.endpoint.Endpoint`.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
+import re
+import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from omni_trio.comm.router import TransportLog
+from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig, StageConfig, check_imports, import_string
+from omni_trio.control.directory import ProcessDirectory, serve_coordinator
+from omni_trio.control.endpoint import Endpoint, RemoteStageLink
 from omni_trio.coordinator import Coordinator
-from omni_trio.errors import StageStartupError
+from omni_trio.errors import StageProcessDied, StageStartupError
 from omni_trio.payload import StagePayload
 from omni_trio.stage.links import CoordinatorLink, LocalCoordinatorLink, LocalStageLink, StageLink
 from omni_trio.stage.stage import Stage, StageStats, describe_error
+from omni_trio.supervisor import Supervisor, Worker
 from omni_trio.tracing import Tracer, trace_path_from_env
 
 #: The process name of stages placed in the caller's process.
 MAIN_PROCESS = "main"
+#: How long worker processes may take to build and warm up their stages.
+DEFAULT_START_TIMEOUT_S = 120.0
 
 
 def build_scheduler(config: StageConfig, model_path: str | None) -> Any:
@@ -76,10 +91,24 @@ def build_stages(
     return stages
 
 
-def local_links(sender: Stage, stages: dict[str, Stage], tracer: Tracer) -> dict[str, StageLink]:
-    """Links from ``sender`` to every stage of its own process."""
-    transports = TransportLog(sender.name, tracer)
-    return {name: LocalStageLink(stage, transports) for name, stage in stages.items()}
+def placement_of(config: PipelineConfig) -> dict[str, str]:
+    """Each stage's process name (``main`` for stages placed in the caller)."""
+    return {stage.name: stage.process or MAIN_PROCESS for stage in config.stages}
+
+
+def connect_stages(stages: dict[str, Stage], endpoint: Endpoint | None, tracer: Tracer) -> None:
+    """Give each stage of one process a link to every stage: local ones directly,
+    the others through the process's endpoint."""
+    for stage in stages.values():
+        transports = TransportLog(stage.name, tracer) if endpoint is None else endpoint.transports(stage.name)
+        links: dict[str, StageLink] = {name: LocalStageLink(other, transports) for name, other in stages.items()}
+        if endpoint is None:
+            stage.connect(links)
+            continue
+        for target in endpoint.placement:
+            if target not in stages:
+                links[target] = RemoteStageLink(endpoint, stage.name, target)
+        stage.connect(links, relay_in_use=functools.partial(endpoint.relay_in_use, stage.name))
 
 
 class LocalDirectory:
@@ -126,41 +155,124 @@ async def _single_errors() -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def open_pipeline(
-    config: PipelineConfig, *, trace: str | os.PathLike[str] | None = None
+    config: PipelineConfig,
+    *,
+    trace: str | os.PathLike[str] | None = None,
+    start_timeout: float = DEFAULT_START_TIMEOUT_S,
 ) -> AsyncIterator[Coordinator]:
     """Start ``config``'s stages and yield the pipeline handle; stop everything on exit.
 
-    ``trace`` (or ``$OMNI_TRIO_TRACE``) names a JSON-lines trace file. On
-    exit, requests still running are aborted everywhere, stages drain what
-    their schedulers already published, and scheduler threads stop.
+    Stages with ``process=None`` run in the caller's trio loop; stages that
+    name a process run in one worker process per name, started in parallel
+    (``start_timeout`` bounds their start-up). ``trace`` (or
+    ``$OMNI_TRIO_TRACE``) names a JSON-lines trace file; worker processes
+    write siblings of it (see :func:`omni_trio.read_trace`).
+
+    On exit, requests still running are aborted everywhere, stages drain
+    what their schedulers already published, workers stop (terminated, then
+    killed, if they do not), and the IPC directory and shared-memory
+    segments of the run are removed. A worker that dies fails every live
+    request with :class:`StageProcessDied` and ends the pipeline with it.
     """
     check_imports(config)
-    remote = sorted({stage.process for stage in config.stages if stage.process is not None})
-    if remote:
-        raise NotImplementedError(f"process groups {remote} need the multi-process runtime")
-    tracer = Tracer(trace_path_from_env(trace), MAIN_PROCESS)
+    trace_path = trace_path_from_env(trace)
+    tracer = Tracer(trace_path, MAIN_PROCESS)
+    groups = sorted({stage.process for stage in config.stages if stage.process is not None})
     try:
-        async with _single_errors(), trio.open_nursery() as nursery:
-            stages: dict[str, Stage] = {}
-            coordinator = Coordinator(config, LocalDirectory(stages), tracer, nursery)
-            stages.update(
-                build_stages(
-                    config,
-                    config.stages,
-                    process=MAIN_PROCESS,
-                    tracer=tracer,
-                    coordinator=LocalCoordinatorLink(coordinator),
-                )
-            )
-            for stage in stages.values():
-                stage.connect(local_links(stage, stages, tracer))
-            try:
-                for stage in stages.values():
-                    await nursery.start(stage.run)
+        async with _single_errors():
+            if groups:
+                placed = _in_processes(config, groups, tracer, trace_path, start_timeout)
+            else:
+                placed = _embedded(config, tracer)
+            async with placed as coordinator:
                 yield coordinator
-            finally:
-                await coordinator.close()
-                for stage in stages.values():
-                    stage.stop()
     finally:
         tracer.close()
+
+
+@asynccontextmanager
+async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coordinator]:
+    async with trio.open_nursery() as nursery:
+        stages: dict[str, Stage] = {}
+        coordinator = Coordinator(config, LocalDirectory(stages), tracer, nursery)
+        link = LocalCoordinatorLink(coordinator)
+        stages.update(build_stages(config, config.stages, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
+        connect_stages(stages, None, tracer)
+        try:
+            for stage in stages.values():
+                await nursery.start(stage.run)
+            yield coordinator
+        finally:
+            await coordinator.close()
+            for stage in stages.values():
+                stage.stop()
+
+
+def _make_ipc_dir(config: PipelineConfig) -> Path:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.name or "pipeline")[:24]
+    # mkdtemp creates the directory owner-only (0700): only we may reach its sockets.
+    return Path(tempfile.mkdtemp(prefix=f"omnitrio-{name}-", dir=config.endpoints.base_path))
+
+
+@asynccontextmanager
+async def _in_processes(
+    config: PipelineConfig, groups: list[str], tracer: Tracer, trace_path: Path | None, start_timeout: float
+) -> AsyncIterator[Coordinator]:
+    ipc_dir = _make_ipc_dir(config)
+    run_prefix = f"omnitrio-{secrets.token_hex(6)}"
+    died: list[StageProcessDied] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            endpoint = Endpoint(
+                process=MAIN_PROCESS,
+                ipc_dir=ipc_dir,
+                placement=placement_of(config),
+                shm_prefix=f"{run_prefix}-0",
+                tracer=tracer,
+                credits={s.name: s.comm.credits for s in config.stages if s.comm is not None},
+                max_transfer_bytes={s.name: s.comm.slot_size_mb << 20 for s in config.stages if s.comm is not None},
+            )
+            await nursery.start(endpoint.serve)
+            local: dict[str, Stage] = {}
+
+            def on_death(worker: Worker) -> None:
+                coordinator.fail_all(lambda rid: StageProcessDied(rid, worker.name, worker.pid, worker.returncode))
+                directory.forget(worker.name)
+                died.append(StageProcessDied(None, worker.name, worker.pid, worker.returncode))
+                nursery.cancel_scope.cancel()
+
+            supervisor = Supervisor(
+                config,
+                groups=groups,
+                ipc_dir=ipc_dir,
+                run_prefix=run_prefix,
+                trace_path=trace_path,
+                endpoint=endpoint,
+                on_death=on_death,
+            )
+            directory = ProcessDirectory(local, endpoint, supervisor)
+            coordinator = Coordinator(config, directory, tracer, nursery)
+            serve_coordinator(coordinator, endpoint)
+            try:
+                await supervisor.spawn(nursery)
+                placed_here = [stage for stage in config.stages if stage.process is None]
+                link = LocalCoordinatorLink(coordinator)
+                local.update(build_stages(config, placed_here, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
+                connect_stages(local, endpoint, tracer)
+                endpoint.stages.update(local)
+                for stage in local.values():
+                    await nursery.start(stage.run)
+                await supervisor.wait_ready(start_timeout)
+                yield coordinator
+            finally:
+                with trio.CancelScope(shield=True):
+                    await coordinator.close()
+                    for stage in local.values():
+                        stage.stop()
+                    await supervisor.stop()
+                    nursery.cancel_scope.cancel()
+        if died:
+            raise died[0]
+    finally:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        remove_segments(run_prefix)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import torch
-
 from omni_trio import OutgoingMessage, SimpleScheduler, StagePayload, StreamingSimpleScheduler
 
 
@@ -106,6 +104,8 @@ def project_same(payload: StagePayload) -> StagePayload:
 def create_tensor_source(numel: int = 1024):
     """Returns a float32 tensor (and a nested one) as the result."""
 
+    import torch
+
     def fn(payload: StagePayload) -> StagePayload:
         n = int(payload.request.params.get("numel", numel))
         payload.data = {"pcm": torch.arange(n, dtype=torch.float32), "meta": {"ids": torch.tensor([1, 2, 3])}}
@@ -163,6 +163,8 @@ class Producer:
                 return
             if msg.type != "new_request":
                 continue
+            import torch
+
             params = msg.data.request.params
             for i in range(int(params.get("chunks", self.chunks))):
                 chunk = torch.full((int(params.get("numel", self.numel)),), float(i))

@@ -114,6 +114,8 @@ class Stage:
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
+        #: Set when :meth:`run` has returned.
+        self.stopped = trio.Event()
         self._thread: SchedulerThread | None = None
 
     @staticmethod
@@ -158,6 +160,7 @@ class Stage:
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
+            self.stopped.set()
 
     def stop(self) -> None:
         """Ask the stage to stop: the scheduler stops, published output is still routed."""
@@ -332,14 +335,13 @@ class Stage:
     async def send_failure(self, request_id: str, error: str) -> None:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
         self._retire(request_id)
+        self.clear_request_state(request_id)
         if self._tracer.enabled:
             self._tracer.event("stage_failed", request_id=request_id, stage=self.name, error=error)
         try:
             await self._coordinator.complete(request_id, self.name, error=error)
         except Exception as exc:  # noqa: BLE001 - the coordinator may be gone at shutdown
             log.warning("failure_report_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
-        finally:
-            self.clear_request_state(request_id)
 
     def stats(self) -> StageStats:
         """This stage's counters."""
@@ -395,7 +397,10 @@ class Stage:
                 self._release(out.data, delivered=False)
             return
         if out.type == "result":
-            await self._guarded(request_id, "routing the result", self._route_result, request_id, out.data)
+            try:
+                await self._route_result(request_id, out.data)
+            except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
+                await self.send_failure(request_id, f"routing the result: {describe_error(exc)}")
         elif out.type == "stream":
             await self._guarded(
                 request_id, "sending a stream chunk", self._send_untargeted_stream, request_id, out
@@ -491,7 +496,13 @@ class Stage:
             return
         delivered = False
         try:
-            await self._dispatch_result(request_id, result, next_stages)
+            with self._scopes.open(request_id):
+                await self._dispatch_result(request_id, result, next_stages)
+            if next_stages is None and request_id not in self.aborted:
+                # Sent after the request's state here is cleared and its scope closed:
+                # once the caller has the result, this stage holds nothing of it.
+                data = result.data if isinstance(result, StagePayload) else result
+                await self._coordinator.complete(request_id, self.name, result=data)
             delivered = True
         finally:
             if self._release is not None:
@@ -504,8 +515,6 @@ class Stage:
         if next_stages is None:
             if self._tracer.enabled:
                 self._tracer.event("stage_complete", request_id=request_id, stage=self.name, terminal=True)
-            data = result.data if isinstance(result, StagePayload) else result
-            await self._coordinator.complete(request_id, self.name, result=data)
         else:
             targets = [next_stages] if isinstance(next_stages, str) else next_stages
             if self._tracer.enabled:

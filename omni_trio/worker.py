@@ -1,0 +1,171 @@
+"""``python -m omni_trio.worker SPEC``: one process group's ``trio.run``.
+
+The runtime starts one worker per process group. A worker builds its
+stages, binds its control socket, subscribes to the abort broadcast, starts
+the stages (scheduler warm-up included) and reports ``Ready``; any failure
+before that is reported as ``StartupFailed`` with the traceback. It serves
+until ``Shutdown``, then stops its stages (they drain what their schedulers
+already published) and exits 0. It dies with its parent (``PR_SET_PDEATHSIG``)
+and ignores Ctrl-C, which the parent handles for the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import attrs
+import trio
+import trio.testing
+import zmq
+
+from omni_trio.control import messages as m
+from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, RemoteCoordinatorLink, abort_path, ready_topic
+from omni_trio.control.zmq_trio import connect_sub
+from omni_trio.stage.stage import Stage
+from omni_trio.supervisor import WorkerSpec
+from omni_trio.tracing import Tracer
+
+
+async def _exit_with_parent() -> None:
+    """End the worker when the runtime's process is gone.
+
+    The runtime holds the write end of our stdin pipe and never writes: EOF
+    means it exited, however it died. (``PR_SET_PDEATHSIG`` would not do:
+    it fires when the spawning *thread* exits, and trio spawns from a
+    worker thread.)
+    """
+    fd = sys.stdin.fileno()
+    os.set_blocking(fd, False)
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            if not os.read(fd, 4096):
+                break
+        except BlockingIOError:
+            continue
+    print(f"omni-trio worker {os.getpid()}: the pipeline's process is gone; exiting", file=sys.stderr)
+    _exit(1)
+
+
+async def serve(spec: WorkerSpec) -> None:
+    """Run the worker's stages until the runtime says Shutdown."""
+    from omni_trio.runtime import placement_of
+
+    config = spec.config
+    tracer = Tracer(spec.trace_path, spec.process)
+    placement = placement_of(config)
+    endpoint = Endpoint(
+        process=spec.process,
+        ipc_dir=Path(spec.ipc_dir),
+        placement=placement,
+        shm_prefix=spec.shm_prefix,
+        tracer=tracer,
+        credits={s.name: s.comm.credits for s in config.stages if s.comm is not None},
+        max_transfer_bytes={s.name: s.comm.slot_size_mb << 20 for s in config.stages if s.comm is not None},
+    )
+    shutdown = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_exit_with_parent)
+            await nursery.start(endpoint.serve)
+            try:
+                stages = await _start_stages(spec, endpoint, tracer, nursery, shutdown)
+            except BaseException:
+                await _report_startup_failure(endpoint, spec.process)
+                raise
+            await endpoint.send("main", m.Ready(process=spec.process, stages=list(stages)))
+            await shutdown.wait()
+            async with trio.open_nursery() as stopping:
+                for stage in stages.values():
+                    stopping.start_soon(_stop_stage, stage)
+            nursery.cancel_scope.cancel()
+    finally:
+        tracer.close()
+
+
+async def _start_stages(
+    spec: WorkerSpec, endpoint: Endpoint, tracer: Tracer, nursery: trio.Nursery, shutdown: trio.Event
+) -> dict[str, Stage]:
+    from omni_trio.runtime import build_stages, connect_stages
+
+    abort = connect_sub(endpoint.context, abort_path(Path(spec.ipc_dir)))
+    # Subscribing to our ready topic after the abort topic lets the runtime see,
+    # through its XPUB socket, that the abort subscription is in place.
+    abort.socket.setsockopt(zmq.SUBSCRIBE, ABORT_TOPIC)
+    abort.socket.setsockopt(zmq.SUBSCRIBE, ready_topic(spec.process))
+    endpoint.adopt(abort)
+    endpoint.connect_abort_channel(abort)
+    config = spec.config
+    stages: dict[str, Stage] = build_stages(
+        config,
+        [s for s in config.stages if s.process == spec.process],
+        process=spec.process,
+        tracer=tracer,
+        coordinator=RemoteCoordinatorLink(endpoint),
+    )
+    connect_stages(stages, endpoint, tracer)
+    endpoint.stages.update(stages)
+
+    async def on_shutdown(_: m.Shutdown) -> None:
+        shutdown.set()
+
+    async def on_stats(request: m.StatsRequest) -> None:
+        # Every task here is ours: let work that is already runnable (a send whose
+        # message is out, about to release its request) settle before counting.
+        await trio.testing.wait_all_tasks_blocked()
+        reply = m.StatsReply(
+            token=request.token,
+            process=spec.process,
+            stages={name: attrs.asdict(stage.stats()) for name, stage in stages.items()},
+        )
+        await endpoint.send(request.reply_to, reply)
+
+    endpoint.handlers[m.Shutdown] = on_shutdown
+    endpoint.handlers[m.StatsRequest] = on_stats
+    for stage in stages.values():
+        await nursery.start(stage.run)
+    return stages
+
+
+async def _stop_stage(stage: Stage) -> None:
+    stage.stop()
+    await stage.stopped.wait()
+
+
+async def _report_startup_failure(endpoint: Endpoint, process: str) -> None:
+    text = traceback.format_exc()
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await endpoint.send("main", m.StartupFailed(process=process, traceback=text))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``python -m omni_trio.worker SPEC``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m omni_trio.worker SPEC (started by omni_trio.open_pipeline)")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(args[0], "rb") as handle:
+        spec: WorkerSpec = pickle.load(handle)
+    sys.path[:0] = [p for p in spec.sys_path if p not in sys.path]
+    try:
+        trio.run(serve, spec)
+    except BaseException:  # noqa: BLE001 - the traceback was reported; the exit code tells the parent
+        traceback.print_exc()
+        _exit(1)
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    # A hard exit: a user thread that never ends must not keep the worker alive.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
