@@ -111,6 +111,21 @@ def connect_stages(stages: dict[str, Stage], endpoint: Endpoint | None, tracer: 
         stage.connect(links, relay_in_use=functools.partial(endpoint.relay_in_use, stage.name))
 
 
+def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer) -> Endpoint:
+    """The endpoint of ``process`` in a multi-process run of ``config``."""
+    with_comm = [stage for stage in config.stages if stage.comm is not None]
+    return Endpoint(
+        process=process,
+        ipc_dir=ipc_dir,
+        placement=placement_of(config),
+        shm_prefix=shm_prefix,
+        tracer=tracer,
+        credits={stage.name: stage.comm.credits for stage in with_comm if stage.comm},
+        max_transfer_bytes={stage.name: stage.comm.slot_size_mb << 20 for stage in with_comm if stage.comm},
+        gpu_stages=frozenset(stage.name for stage in config.stages if stage.gpu is not None),
+    )
+
+
 class LocalDirectory:
     """The coordinator's view of stages that run in its own process."""
 
@@ -223,15 +238,7 @@ async def _in_processes(
     died: list[StageProcessDied] = []
     try:
         async with trio.open_nursery() as nursery:
-            endpoint = Endpoint(
-                process=MAIN_PROCESS,
-                ipc_dir=ipc_dir,
-                placement=placement_of(config),
-                shm_prefix=f"{run_prefix}-0",
-                tracer=tracer,
-                credits={s.name: s.comm.credits for s in config.stages if s.comm is not None},
-                max_transfer_bytes={s.name: s.comm.slot_size_mb << 20 for s in config.stages if s.comm is not None},
-            )
+            endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer)
             await nursery.start(endpoint.serve)
             local: dict[str, Stage] = {}
 

@@ -54,20 +54,10 @@ async def _exit_with_parent() -> None:
 
 async def serve(spec: WorkerSpec) -> None:
     """Run the worker's stages until the runtime says Shutdown."""
-    from omni_trio.runtime import placement_of
+    from omni_trio.runtime import endpoint_for
 
-    config = spec.config
     tracer = Tracer(spec.trace_path, spec.process)
-    placement = placement_of(config)
-    endpoint = Endpoint(
-        process=spec.process,
-        ipc_dir=Path(spec.ipc_dir),
-        placement=placement,
-        shm_prefix=spec.shm_prefix,
-        tracer=tracer,
-        credits={s.name: s.comm.credits for s in config.stages if s.comm is not None},
-        max_transfer_bytes={s.name: s.comm.slot_size_mb << 20 for s in config.stages if s.comm is not None},
-    )
+    endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer)
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:

@@ -1,5 +1,20 @@
 """Per-edge transport choice and its trace.
 
+Same-process edges are decided by the stage (``local_object`` when the
+target may share the object, else ``local_copy``). For an edge to another
+process, :func:`choose_transport` picks how one object travels:
+
+* ``inline`` — inside the control message, no relay, no ACK: tensor-free
+  objects, and objects whose CPU tensors hold at most 16 KiB (SPEC §8.9,
+  provided the pickle stays within 16 KiB too);
+* ``shm`` — every other object: CPU tensors of any size (a CPU stream chunk
+  over 16 KiB included, where the reference raises), and accelerator
+  tensors, copied to host memory;
+* ``cuda_ipc`` and ``tcp`` — the slots for same-node GPU transfers and for
+  stages on other hosts. They are not available yet: a GPU-to-GPU edge
+  falls back to ``shm`` (with a warning, once), and a remote edge raises
+  :class:`TransportUnavailable`.
+
 Each stage owns a :class:`TransportLog` that records, once per edge and
 direction and again whenever it changes, which transport an edge uses
 (``comm_transport_selected`` in the trace, SPEC §8.10).
@@ -7,7 +22,57 @@ direction and again whenever it changes, which transport an edge uses
 
 from __future__ import annotations
 
-from omni_trio.tracing import Tracer
+from collections.abc import Iterable
+
+from omni_trio.comm.dataref import TransportKind
+from omni_trio.tracing import Tracer, get_logger
+
+log = get_logger(__name__)
+
+#: Largest tensor data and pickled size sent inside a control message (SPEC §8.9).
+INLINE_LIMIT = 16 * 1024
+
+
+class TransportUnavailable(RuntimeError):
+    """The transport an edge needs is not part of this runtime yet."""
+
+
+_warned_gpu_fallback: set[tuple[str, str]] = set()
+
+
+def choose_transport(
+    tensor_devices: Iterable[str],
+    tensor_bytes: int,
+    *,
+    sender: str = "",
+    receiver: str = "",
+    gpu_peers: bool = False,
+    remote: bool = False,
+) -> TransportKind:
+    """The transport of one object whose tensors live on ``tensor_devices``.
+
+    ``inline`` is a candidate only: the caller falls back to ``shm`` when
+    the pickled object exceeds :data:`INLINE_LIMIT`. ``gpu_peers``: both
+    stages are GPU stages; ``remote``: the receiver is on another host.
+    """
+    if remote:
+        raise TransportUnavailable(
+            f"stage {receiver!r} is on another host, and the remote (tcp) transport is not available yet"
+        )
+    devices = set(tensor_devices)
+    if not devices:
+        return TransportKind.inline
+    if devices != {"cpu"} and gpu_peers and (sender, receiver) not in _warned_gpu_fallback:
+        _warned_gpu_fallback.add((sender, receiver))
+        log.warning(
+            "cuda_ipc_unavailable",
+            sender=sender,
+            receiver=receiver,
+            fallback="shm (tensors are copied through host memory)",
+        )
+    if devices == {"cpu"} and tensor_bytes <= INLINE_LIMIT:
+        return TransportKind.inline
+    return TransportKind.shm
 
 
 class TransportLog:

@@ -3,12 +3,12 @@
 :func:`encode_object` decides the transport of one object and writes it:
 
 * **inline** — the pickled object travels inside the control message, with
-  no relay and no ACK: always for tensor-free objects (their header would
-  travel in the control message anyway), and for objects whose tensors hold
-  at most 16 KiB and whose pickle is at most 16 KiB (SPEC §8.9);
+  no relay and no ACK;
 * **shm** — tensors are packed into one shared-memory segment (one transfer,
   one credit of the target), the tensor-free rest is pickled as the header;
   the receiver reads, unlinks and ACKs.
+
+Which one is :mod:`omni_trio.comm.router`'s decision.
 
 :func:`decode_object` is the receiving side. Pickle is used only for the
 user-object parts, after the control message passed the codec's validation,
@@ -22,14 +22,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from omni_trio.comm.dataref import DataRef, DataRefKind, Layout, TransportKind, shm_buffer
+from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 from omni_trio.comm.shm import ShmPut, ShmRelay, read_segment
 
 if TYPE_CHECKING:
     import torch
-
-#: Largest tensor data and pickled size sent inside a control message (SPEC §8.9).
-INLINE_LIMIT = 16 * 1024
-
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
     """A small view of a big tensor must not drag its whole storage into a pickle."""
@@ -40,25 +37,29 @@ def _compact(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _inline_header(stripped: object, tensors: dict[str, torch.Tensor]) -> bytes | None:
+    """The pickled object with its tensors, or None when it exceeds the inline limit."""
     if not tensors:
         return pickle.dumps(stripped, protocol=pickle.HIGHEST_PROTOCOL)
     from omni_trio.comm.packing import restore
 
-    if any(t.device.type != "cpu" for t in tensors.values()):
-        return None
-    if sum(t.numel() * t.element_size() for t in tensors.values()) > INLINE_LIMIT:
-        return None
-    header = pickle.dumps(
-        restore(stripped, {path: _compact(t) for path, t in tensors.items()}), protocol=pickle.HIGHEST_PROTOCOL
-    )
+    compact = {path: _compact(t) for path, t in tensors.items()}
+    header = pickle.dumps(restore(stripped, compact), protocol=pickle.HIGHEST_PROTOCOL)
     return header if len(header) <= INLINE_LIMIT else None
 
 
 async def encode_object(
-    obj: object, *, relay: ShmRelay, target: str, object_id: str, kind: DataRefKind
+    obj: object,
+    *,
+    relay: ShmRelay,
+    sender: str,
+    target: str,
+    object_id: str,
+    kind: DataRefKind,
+    gpu_peers: bool = False,
 ) -> tuple[DataRef, ShmPut | None]:
     """Write ``obj`` for ``target``; return its DataRef and the relay put to settle (None inline).
 
+    The transport comes from :func:`~omni_trio.comm.router.choose_transport`.
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
@@ -69,7 +70,14 @@ async def encode_object(
         from omni_trio.comm.packing import extract_tensors
 
         stripped, tensors = extract_tensors(obj)
-    header = _inline_header(stripped, tensors)
+    transport = choose_transport(
+        (t.device.type for t in tensors.values()),
+        sum(t.numel() * t.element_size() for t in tensors.values()),
+        sender=sender,
+        receiver=target,
+        gpu_peers=gpu_peers,
+    )
+    header = _inline_header(stripped, tensors) if transport is TransportKind.inline else None
     if header is not None:
         ref = DataRef(
             kind=kind, object_id=object_id, transport=TransportKind.inline, layout=Layout.packed_tensors, header=header

@@ -131,6 +131,7 @@ class Endpoint:
         tracer: Tracer,
         credits: dict[str, int] | None = None,
         max_transfer_bytes: dict[str, int] | None = None,
+        gpu_stages: frozenset[str] = frozenset(),
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -148,6 +149,7 @@ class Endpoint:
         self._push: dict[str, TrioSocket] = {}
         self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
+        self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
         self._pending: dict[str, _PendingTransfer] = {}
@@ -254,7 +256,15 @@ class Endpoint:
         start = time.monotonic()
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
-        ref, put = await encode_object(obj, relay=relay, target=receiver, object_id=object_id, kind=kind)
+        ref, put = await encode_object(
+            obj,
+            relay=relay,
+            sender=sender,
+            target=receiver,
+            object_id=object_id,
+            kind=kind,
+            gpu_peers=sender in self._gpu_stages and receiver in self._gpu_stages,
+        )
         written = time.monotonic()
         self.transports(sender).note(direction, receiver, ref.transport.value)
         if put is not None:

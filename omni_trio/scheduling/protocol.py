@@ -39,7 +39,7 @@ class IncomingMessage:
     """A message from the stage to its scheduler.
 
     ``new_request`` carries a ``StagePayload``; ``stream_chunk`` a
-    ``StreamItem``; ``stream_done`` nothing. ``wakeup`` is the stop sentinel
+    ``StreamItem``; ``stream_done`` the name of the stage whose stream ended. ``wakeup`` is the stop sentinel
     that unblocks a scheduler waiting on its inbox.
     """
 

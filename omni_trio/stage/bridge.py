@@ -84,6 +84,7 @@ class OutboxPump:
         self._token = trio.lowlevel.current_trio_token()
         self._send, self.batches = trio.open_memory_channel[list[OutgoingMessage]](math.inf)
         self._permits = threading.Semaphore(_BATCHES_IN_FLIGHT)
+        self._closed = False
         self._thread = threading.Thread(target=self._body, name=f"outbox-{stage_name}", daemon=True)
 
     def start(self) -> None:
@@ -93,6 +94,12 @@ class OutboxPump:
     def batch_taken(self) -> None:
         """Called by the drain for every batch it received: frees a slot for the pump."""
         self._permits.release()
+
+    def close(self) -> None:
+        """Nobody drains any more: let the pump thread finish instead of waiting for a slot."""
+        self._closed = True
+        self._send.close()
+        self._permits.release(_BATCHES_IN_FLIGHT)
 
     def _body(self) -> None:
         while True:
@@ -107,7 +114,7 @@ class OutboxPump:
                 if message.type == "wakeup":
                     break
             self._permits.acquire()
-            if not _post(self._token, self._deliver, batch) or batch[-1].type == "wakeup":
+            if self._closed or not _post(self._token, self._deliver, batch) or batch[-1].type == "wakeup":
                 return
 
     def _deliver(self, batch: list[OutgoingMessage]) -> None:

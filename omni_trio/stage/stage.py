@@ -13,6 +13,7 @@ aborts the request everywhere); the stage keeps serving.
 
 from __future__ import annotations
 
+import collections
 import queue
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -160,6 +161,7 @@ class Stage:
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
+                pump.close()
             self.stopped.set()
 
     def stop(self) -> None:
@@ -314,8 +316,8 @@ class Stage:
         them, and a retired request holds nothing in the stage afterwards.
         """
         inbox = self.scheduler.inbox
-        if type(inbox) is not queue.Queue:
-            return  # a custom FIFO: only the scheduler itself can drop the messages
+        if not isinstance(inbox, queue.Queue) or not isinstance(inbox.queue, collections.deque):
+            return  # not a FIFO queue.Queue: only the scheduler itself can drop the messages
         with inbox.mutex:
             kept = [message for message in inbox.queue if message.request_id != request_id]
             removed = len(inbox.queue) - len(kept)
