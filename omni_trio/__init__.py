@@ -10,6 +10,7 @@ Everything users need is importable from here::
 """
 
 from omni_trio.config import CommConfig, EndpointsConfig, PipelineConfig, StageConfig, StreamDeliveryConfig
+from omni_trio.configfile import load_config
 from omni_trio.coordinator import Coordinator, PipelineStats, RequestStream
 from omni_trio.errors import (
     ConfigError,
@@ -73,6 +74,7 @@ __all__ = [
     "StreamMessage",
     "StreamingSimpleScheduler",
     "ThreadedSimpleScheduler",
+    "load_config",
     "open_pipeline",
     "read_trace",
 ]

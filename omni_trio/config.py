@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -135,6 +136,12 @@ class PipelineConfig:
         errors = [p for p in problems if p.severity == "error"]
         if errors:
             raise ConfigError(errors)
+
+    def to_file(self, path: str | os.PathLike[str]) -> None:
+        """Write this config to a TOML, JSON or YAML file (see :func:`omni_trio.load_config`)."""
+        from omni_trio.configfile import save_config
+
+        save_config(self, path)
 
     @property
     def entry(self) -> str:
