@@ -20,7 +20,6 @@ from pathlib import Path
 
 import attrs
 import trio
-import trio.testing
 import zmq
 
 from omni_trio.control import messages as m
@@ -107,7 +106,10 @@ async def _start_stages(
     async def on_stats(request: m.StatsRequest) -> None:
         # Every task here is ours: let work that is already runnable (a send whose
         # message is out, about to release its request) settle before counting.
-        await trio.testing.wait_all_tasks_blocked()
+        # (Imported here: trio.testing imports pytest, too slow for every start-up.)
+        from trio.testing import wait_all_tasks_blocked
+
+        await wait_all_tasks_blocked()
         reply = m.StatsReply(
             token=request.token,
             process=spec.process,
