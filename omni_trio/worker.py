@@ -5,8 +5,9 @@ stages, binds its control socket, subscribes to the abort broadcast, starts
 the stages (scheduler warm-up included) and reports ``Ready``; any failure
 before that is reported as ``StartupFailed`` with the traceback. It serves
 until ``Shutdown``, then stops its stages (they drain what their schedulers
-already published) and exits 0. It dies with its parent (``PR_SET_PDEATHSIG``)
-and ignores Ctrl-C, which the parent handles for the whole pipeline.
+already published) and exits 0. It exits when the runtime's process is gone
+(EOF on its stdin pipe) and ignores Ctrl-C, which the runtime handles for the
+whole pipeline.
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ COORDINATOR = "coordinator"
 ACK_TIMEOUT_S = 30.0
 #: Messages taken from a socket per wake-up, at most.
 RECEIVE_BATCH = 64
-#: The topic of abort messages on the broadcast channel.
-ABORT_TOPIC = b"abort"
+#: The topic of abort messages on the broadcast channel (not a message tag:
+#: frames of a message sent point to point never start with it).
+ABORT_TOPIC = b"omni-trio.abort"
 
 
 def socket_path(ipc_dir: Path, process: str) -> Path:
@@ -98,12 +99,21 @@ class Lanes:
         """True when nothing of ``lane`` is still being read or delivered."""
         return lane not in self._tails
 
-    async def run(
-        self, lane: tuple[str, str, str], read: Callable[[], Awaitable[Any]], deliver: Callable[[Any], Awaitable[None]]
-    ) -> None:
-        """``read()`` now, then ``deliver(value)`` once earlier messages of the lane were delivered."""
+    def claim(self, lane: tuple[str, str, str]) -> tuple[trio.Event | None, trio.Event]:
+        """Take the next place in ``lane``, in arrival order: call it before any checkpoint."""
         previous = self._tails.get(lane)
         mine = self._tails[lane] = trio.Event()
+        return previous, mine
+
+    async def run(
+        self,
+        lane: tuple[str, str, str],
+        place: tuple[trio.Event | None, trio.Event],
+        read: Callable[[], Awaitable[Any]],
+        deliver: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        """``read()`` now, then ``deliver(value)`` once earlier messages of the lane were delivered."""
+        previous, mine = place
         try:
             value = await read()
             if previous is not None:
@@ -137,6 +147,8 @@ class Endpoint:
         self.ipc_dir = ipc_dir
         self.placement = placement
         self.shm_prefix = shm_prefix
+        #: Segments of this run, from any of its processes, start with this.
+        self.run_prefix = shm_prefix.rsplit("-", 1)[0]
         self.tracer = tracer
         self.stages: dict[str, Stage] = {}
         #: Handlers of messages only one side of the pipeline expects (coordinator
@@ -213,7 +225,7 @@ class Endpoint:
 
     def connect_abort_channel(self, sock: TrioSocket) -> None:
         """Handle aborts arriving on a subscribed broadcast socket (workers)."""
-        self.spawn(self._receive_loop, sock, str(abort_path(self.ipc_dir)))
+        self.spawn(self._receive_loop, sock, str(abort_path(self.ipc_dir)), True)
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)
@@ -267,11 +279,20 @@ class Endpoint:
         )
         written = time.monotonic()
         self.transports(sender).note(direction, receiver, ref.transport.value)
+        pending = None
         if put is not None:
+            # Registered before sending: the ACK may arrive during the send's checkpoint.
             pending = self._pending[object_id] = _PendingTransfer(relay, put, request_id, sender, receiver)
-            self.spawn(self._await_ack, object_id, pending)
         receiver_process = self.placement.get(receiver, "main") if receiver != COORDINATOR else "main"
-        await self.send(receiver_process, make(ref.to_wire()))
+        try:
+            await self.send(receiver_process, make(ref.to_wire()))
+        except BaseException:
+            # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
+            if pending is not None and self._pending.pop(object_id, None) is not None:
+                relay.settle(pending.put, False)
+            raise
+        if pending is not None:
+            self.spawn(self._await_ack, object_id, pending)
         if self.tracer.enabled:
             fields = {
                 "request_id": request_id,
@@ -311,7 +332,7 @@ class Endpoint:
 
     # ------------------------------------------------------------------ receiving
 
-    async def _receive_loop(self, sock: TrioSocket, source: str) -> None:
+    async def _receive_loop(self, sock: TrioSocket, source: str, topic_frame: bool = False) -> None:
         while True:
             try:
                 batch = [await sock.recv_multipart()]
@@ -322,11 +343,9 @@ class Endpoint:
             except trio.ClosedResourceError:
                 return
             for frames in batch:
-                await self._handle_frames(frames, source)
+                await self._handle_frames(frames[1:] if topic_frame else frames, source)
 
     async def _handle_frames(self, frames: list[bytes], source: str) -> None:
-        if frames[:1] == [ABORT_TOPIC]:
-            frames = frames[1:]
         try:
             message = decode(frames)
         except MalformedMessage as exc:
@@ -391,7 +410,7 @@ class Endpoint:
             async def signal(_: Any) -> None:
                 await stage.deliver_stream_signal(rid, sender, message.error)
 
-            await self._in_lane(lane, _nothing, signal)
+            await self._in_order(lane, _nothing, signal, needs_task=False)
             return
         ref = DataRef.from_wire(message.data_ref)
         if message.chunk_id is None:
@@ -425,7 +444,7 @@ class Endpoint:
         async def read() -> Any:
             start = time.monotonic()
             try:
-                value = await decode_object(ref, shm_prefix=None)
+                value = await decode_object(ref, shm_prefix=self.run_prefix)
             except Exception as exc:
                 if ref.buffer is not None:
                     await self._ack(ref, request_id, sender, receiver, describe_error(exc))
@@ -449,21 +468,32 @@ class Endpoint:
                 )
             return value
 
-        if ref.buffer is None and self._lanes.idle(lane):
-            # Inline and nothing ahead of it: deliver now, no task needed.
-            try:
-                value = await read()
-            except _ReadFailed:
-                return
-            await deliver(value)
-            return
-        self.spawn(self._in_lane, lane, read, deliver)
+        await self._in_order(lane, read, deliver, needs_task=ref.buffer is not None)
 
-    async def _in_lane(
-        self, lane: tuple[str, str, str], read: Callable[[], Awaitable[Any]], deliver: Callable[[Any], Awaitable[None]]
+    async def _in_order(
+        self,
+        lane: tuple[str, str, str],
+        read: Callable[[], Awaitable[Any]],
+        deliver: Callable[[Any], Awaitable[None]],
+        *,
+        needs_task: bool,
+    ) -> None:
+        """Deliver in lane order: now if nothing is ahead and the read is instant, else in a task."""
+        if not needs_task and self._lanes.idle(lane):
+            with contextlib.suppress(_ReadFailed):
+                await deliver(await read())
+            return
+        self.spawn(self._run_in_lane, lane, self._lanes.claim(lane), read, deliver)
+
+    async def _run_in_lane(
+        self,
+        lane: tuple[str, str, str],
+        place: tuple[trio.Event | None, trio.Event],
+        read: Callable[[], Awaitable[Any]],
+        deliver: Callable[[Any], Awaitable[None]],
     ) -> None:
         with contextlib.suppress(_ReadFailed):
-            await self._lanes.run(lane, read, deliver)
+            await self._lanes.run(lane, place, read, deliver)
 
     async def _ack(self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None) -> None:
         sender_process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
