@@ -4,18 +4,22 @@ A stage names its factory and hooks by dotted path
 (``"examples.quickstart_stages.create_tokenize"``), not by object: the
 scheduler is built where the stage runs. Every Python snippet in the docs
 uses the factories below, so the docs stay runnable (``tests/test_docs.py``
-runs them). Nothing here imports torch, so the snippets start fast.
+runs them). Nothing here imports torch at module level, so the snippets
+start fast; the tensor stages import it where they run.
 
 Pipelines built from these pieces:
 
 * text: ``tokenize -> embed``;
 * streaming speech: ``talker --stream--> vocoder`` (the vocoder is terminal);
 * omni-modal fan-out/fan-in: ``preprocess -> (text_encoder, image_encoder) -> thinker``;
-* a slow stage for abort and deadline demos: ``slow_echo``.
+* a slow stage for abort and deadline demos: ``slow_echo``;
+* tensors between processes: ``pcm_talker --stream--> pcm_vocoder``;
+* a stage that takes its whole process down: ``exit_on`` (placement demos only).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -58,6 +62,23 @@ def create_embed(dim: int = 2) -> SimpleScheduler:
 
 
 # ----------------------------------------------------------------------------- abort and deadline demos
+
+
+def create_exit_on(word: str = "crash") -> SimpleScheduler:
+    """Echoes its input, except that the input ``word`` ends the stage's whole process
+    with exit code 3, the way a segfault or an out-of-memory kill would.
+
+    For placement demos: give the stage a ``process`` of its own. In the caller's
+    process (``process=None``), ``word`` would end the caller.
+    """
+
+    def echo(payload: StagePayload) -> StagePayload:
+        if payload.request.inputs == word:
+            os._exit(3)
+        payload.data = {"echo": payload.request.inputs}
+        return payload
+
+    return SimpleScheduler(echo)
 
 
 def create_slow_echo() -> SimpleScheduler:
@@ -270,3 +291,78 @@ def create_thinker() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(think)
+
+
+# ----------------------------------------------------------------------------- tensors between processes
+
+
+class PcmTalker:
+    """A talker whose chunks are float32 "audio" tensors: one chunk per entry of
+    ``request.params["samples"]``, of that many samples, then the result.
+
+    torch is imported on the scheduler thread, so only a process that runs
+    this stage imports it.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+
+    def warm_up_serving_thread(self) -> None:
+        """Nothing to load."""
+
+    def start(self) -> None:
+        """The serve loop: one request at a time, each streamed to the end."""
+        import torch
+
+        while True:
+            msg = self.inbox.get()
+            if msg.type == "wakeup":
+                return
+            if msg.type == "new_request":
+                sizes = msg.data.request.params.get("samples", [160])
+                for size in sizes:
+                    chunk = torch.zeros(int(size), dtype=torch.float32)
+                    self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
+                msg.data.data = {"chunks": len(sizes)}
+                self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+    def stop(self) -> None:
+        """Wake a blocked ``start`` so it returns."""
+        self.inbox.put(IncomingMessage("", "wakeup"))
+
+    def abort(self, request_id: str) -> None:
+        """Nothing to cut short: a request is streamed in one go."""
+
+
+def create_pcm_talker() -> PcmTalker:
+    """Streams float32 tensors (see :class:`PcmTalker`)."""
+    return PcmTalker()
+
+
+class PcmVocoder(StreamingSimpleScheduler):
+    """Counts the samples of the talker's tensor chunks; completes with the total."""
+
+    def __init__(self) -> None:
+        super().__init__(compute_fn=None)
+        self.samples: dict[str, int] = {}
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return True
+
+    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
+        self.samples[request_id] = self.samples.get(request_id, 0) + item.data.numel()
+        return []
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
+        payload = self.stream_payloads[request_id]
+        payload.data = {"samples": self.samples.pop(request_id, 0)}
+        return [OutgoingMessage(request_id, "result", data=payload)]
+
+    def clear_stream_state(self, request_id: str) -> None:
+        self.samples.pop(request_id, None)
+
+
+def create_pcm_vocoder() -> PcmVocoder:
+    """The terminal stage of the tensor pipeline: returns ``{"samples": total}``."""
+    return PcmVocoder()

@@ -257,7 +257,10 @@ class Coordinator:
 
     async def _run_broadcast(self, request_id: str, done: trio.Event) -> None:
         try:
-            await self._directory.abort(request_id)
+            # Shielded (the directory bounds it): an abort must reach every stage even
+            # when the caller's scope, and with it this task, is being cancelled.
+            with trio.CancelScope(shield=True):
+                await self._directory.abort(request_id)
         except Exception as exc:  # noqa: BLE001 - stages that missed it drop the id on their own deadline
             log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
         finally:

@@ -146,25 +146,20 @@ class LocalDirectory:
         return {name: stage.stats() for name, stage in self._stages.items()}
 
 
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
 @asynccontextmanager
 async def _single_errors() -> AsyncIterator[None]:
-    """Re-raise a nursery's group of one error as that error.
+    """Re-raise the pipeline nursery's group of one error as that error.
 
     Callers of ``open_pipeline`` see their own exception (or the one start-up
-    error) as is, not wrapped in an ExceptionGroup by the pipeline's nursery.
+    error) as it was raised, not wrapped in an ExceptionGroup by the
+    pipeline's nursery. Only that one level is unwrapped: a caller's own
+    ExceptionGroup comes out unchanged.
     """
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if len(leaves) == 1:
-            raise leaves[0] from None
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
         raise
 
 
@@ -277,6 +272,7 @@ async def _in_processes(
                     for stage in local.values():
                         stage.stop()
                     await supervisor.stop()
+                    endpoint.stop()
                     nursery.cancel_scope.cancel()
         if died:
             raise died[0]

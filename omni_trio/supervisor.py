@@ -68,6 +68,11 @@ class Worker:
         return None if self.process is None else self.process.returncode
 
 
+def startup_traceback_path(ipc_dir: Path, process: str) -> Path:
+    """Where a worker that failed to start leaves its traceback."""
+    return ipc_dir / f"{process}.traceback"
+
+
 class Supervisor:
     """Starts, watches and stops the worker processes of one pipeline."""
 
@@ -92,7 +97,6 @@ class Supervisor:
         self._stopping = False
         self._abort: TrioSocket | None = None
         endpoint.handlers[m.Ready] = self._on_ready
-        endpoint.handlers[m.StartupFailed] = self._on_startup_failed
 
     @property
     def abort_socket(self) -> TrioSocket:
@@ -153,14 +157,12 @@ class Supervisor:
             worker.ready.set()
             self._settle_if_ready(worker)
 
-    async def _on_startup_failed(self, message: m.StartupFailed) -> None:
-        worker = self.workers.get(message.process)
-        if worker is not None and worker.failure is None:
-            worker.failure = f"process {worker.name!r} (pid {worker.pid}) failed to start:\n{message.traceback}"
-            worker.settled.set()
-
     async def _watch_subscriptions(self, xpub: TrioSocket) -> None:
         prefix = b"\x01ready:"
+        with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
+            await self._read_subscriptions(xpub, prefix)
+
+    async def _read_subscriptions(self, xpub: TrioSocket, prefix: bytes) -> None:
         while True:
             try:
                 frames = await xpub.recv_multipart()
@@ -174,15 +176,18 @@ class Supervisor:
 
     async def _watch_exit(self, worker: Worker) -> None:
         assert worker.process is not None
-        returncode = await worker.process.wait()
+        # Shielded: a stopping pipeline must still see its workers exit.
+        with trio.CancelScope(shield=True):
+            returncode = await worker.process.wait()
         worker.exited.set()
         if self._stopping:
             return
-        if not worker.settled.is_set() or worker.failure is not None:
-            if worker.failure is None:
-                worker.failure = (
-                    f"process {worker.name!r} (pid {worker.pid}) {describe_exit(returncode)} before it was ready"
-                )
+        if not worker.settled.is_set():
+            exit_ = describe_exit(returncode)
+            worker.failure = f"process {worker.name!r} (pid {worker.pid}) {exit_} before it was ready"
+            path = startup_traceback_path(self._ipc_dir, worker.name)
+            if path.exists():
+                worker.failure += f":\n{path.read_text()}"
             worker.settled.set()
             return
         log.error("stage_process_died", process=worker.name, pid=worker.pid, exit=describe_exit(returncode))

@@ -3,7 +3,9 @@
 The runtime starts one worker per process group. A worker builds its
 stages, binds its control socket, subscribes to the abort broadcast, starts
 the stages (scheduler warm-up included) and reports ``Ready``; any failure
-before that is reported as ``StartupFailed`` with the traceback. It serves
+before that leaves its traceback in ``<process>.traceback`` in the IPC
+directory (a file: it is there before the process exits, which a message
+might not be) and exits 1. It serves
 until ``Shutdown``, then stops its stages (they drain what their schedulers
 already published) and exits 0. It exits when the runtime's process is gone
 (EOF on its stdin pipe) and ignores Ctrl-C, which the runtime handles for the
@@ -27,7 +29,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, RemoteCoordinatorLink, abort_path, ready_topic
 from omni_trio.control.zmq_trio import connect_sub
 from omni_trio.stage.stage import Stage
-from omni_trio.supervisor import WorkerSpec
+from omni_trio.supervisor import WorkerSpec, startup_traceback_path
 from omni_trio.tracing import Tracer
 
 
@@ -64,16 +66,19 @@ async def serve(spec: WorkerSpec) -> None:
             nursery.start_soon(_exit_with_parent)
             await nursery.start(endpoint.serve)
             try:
-                stages = await _start_stages(spec, endpoint, tracer, nursery, shutdown)
-            except BaseException:
-                await _report_startup_failure(endpoint, spec.process)
-                raise
-            await endpoint.send("main", m.Ready(process=spec.process, stages=list(stages)))
-            await shutdown.wait()
-            async with trio.open_nursery() as stopping:
-                for stage in stages.values():
-                    stopping.start_soon(_stop_stage, stage)
-            nursery.cancel_scope.cancel()
+                try:
+                    stages = await _start_stages(spec, endpoint, tracer, nursery, shutdown)
+                except BaseException:
+                    startup_traceback_path(Path(spec.ipc_dir), spec.process).write_text(traceback.format_exc())
+                    raise
+                await endpoint.send("main", m.Ready(process=spec.process, stages=list(stages)))
+                await shutdown.wait()
+                async with trio.open_nursery() as stopping:
+                    for stage in stages.values():
+                        stopping.start_soon(_stop_stage, stage)
+            finally:
+                endpoint.stop()  # it is shielded: it ends only when told to
+                nursery.cancel_scope.cancel()
     finally:
         tracer.close()
 
@@ -128,12 +133,6 @@ async def _start_stages(
 async def _stop_stage(stage: Stage) -> None:
     stage.stop()
     await stage.stopped.wait()
-
-
-async def _report_startup_failure(endpoint: Endpoint, process: str) -> None:
-    text = traceback.format_exc()
-    with trio.CancelScope(shield=True), trio.move_on_after(5):
-        await endpoint.send("main", m.StartupFailed(process=process, traceback=text))
 
 
 def main(argv: list[str] | None = None) -> None:

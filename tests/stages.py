@@ -199,3 +199,105 @@ def create_factory_fails():
 def create_passthrough():
     """Returns each payload unchanged."""
     return SimpleScheduler(lambda payload: payload)
+
+
+def create_block_and_report_pid():
+    """Writes its process id to the file named by the request's ``pid_file`` param,
+    then blocks until the request is aborted (for tests that kill the stage's process)."""
+    import os
+
+    released: dict[str, threading.Event] = {}
+    lock = threading.Lock()
+
+    def event_for(request_id: str) -> threading.Event:
+        with lock:
+            return released.setdefault(request_id, threading.Event())
+
+    def fn(payload: StagePayload) -> StagePayload:
+        path = payload.request.params["pid_file"]
+        with open(f"{path}.tmp", "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(f"{path}.tmp", path)  # the test never sees a half-written file
+        event_for(payload.request_id).wait()
+        with lock:
+            released.pop(payload.request_id, None)
+        payload.data = {"trail": ["blocked"]}
+        return payload
+
+    def abort_callback(request_id: str) -> None:
+        event_for(request_id).set()
+
+    return SimpleScheduler(fn, abort_callback=abort_callback)
+
+
+class SizedStreamer:
+    """A terminal stage for tensors going to the caller: streams one float32 chunk per
+    entry of the ``chunk_numels`` param (``arange(n)``), then completes with
+    ``{"pcm": arange(result_numel), "n": result_numel}``."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.outbox: queue.Queue[Any] = queue.Queue()
+
+    def warm_up_serving_thread(self) -> None:
+        pass
+
+    def start(self) -> None:
+        import torch
+
+        while True:
+            msg = self.inbox.get()
+            if msg.type == "wakeup":
+                return
+            if msg.type != "new_request":
+                continue
+            params = msg.data.request.params
+            for numel in params.get("chunk_numels", []):
+                chunk = torch.arange(int(numel), dtype=torch.float32)
+                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
+            n = int(params.get("result_numel", 0))
+            msg.data.data = {"pcm": torch.arange(n, dtype=torch.float32), "n": n}
+            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+    def stop(self) -> None:
+        from omni_trio import IncomingMessage
+
+        self.inbox.put(IncomingMessage("", "wakeup"))
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+def create_sized_streamer() -> SizedStreamer:
+    return SizedStreamer()
+
+
+class Swallow:
+    """Takes requests and never answers (a stand-in upstream whose output a test forges)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.outbox: queue.Queue[Any] = queue.Queue()
+
+    def warm_up_serving_thread(self) -> None:
+        pass
+
+    def start(self) -> None:
+        while self.inbox.get().type != "wakeup":
+            pass
+
+    def stop(self) -> None:
+        from omni_trio import IncomingMessage
+
+        self.inbox.put(IncomingMessage("", "wakeup"))
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+def create_swallow() -> Swallow:
+    return Swallow()

@@ -169,20 +169,31 @@ class Endpoint:
         self._sequence = itertools.count()
         self._lanes = Lanes()
         self._nursery: trio.Nursery | None = None
+        self._serving = trio.CancelScope(shield=True)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bind the receive socket and handle messages until cancelled; close everything after."""
+        """Bind the receive socket and handle messages until :meth:`stop`; close everything after.
+
+        Shielded from outside cancellation: while a pipeline shuts down (after
+        Ctrl-C, a caller's cancel scope, a dead worker) its aborts and
+        Shutdown messages still need the endpoint.
+        """
         self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process))
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._receive_loop, self._pull, str(socket_path(self.ipc_dir, self.process)))
-                task_status.started()
-                await trio.sleep_forever()
+            with self._serving:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._receive_loop, self._pull, str(socket_path(self.ipc_dir, self.process)))
+                    task_status.started()
+                    await trio.sleep_forever()
         finally:
             await self._close()
+
+    def stop(self) -> None:
+        """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
+        self._serving.cancel()
 
     @property
     def context(self) -> zmq.Context[Any]:

@@ -3,12 +3,10 @@
 Every message class is frozen, registered under a short type tag with
 :func:`message`, and encoded/decoded by :mod:`omni_trio.control.codec`.
 Constructors validate, so an invalid message fails at the sender, and the
-codec's decoder runs the same checks on whatever arrives.
-
-Python objects (payload headers, results, chunks) travel as pickled
-``bytes`` fields (``header``, ``result_header``, ``chunk_header``); the codec
-never unpickles them: that is the receiving stage's decision (SPEC §9 item
-19: only over private IPC sockets).
+codec's decoder runs the same checks on whatever arrives. Python objects
+(payloads, results, chunks) travel as ``data_ref`` maps whose pickled
+header the codec never unpickles: the receiving endpoint does, only after
+the message passed validation, on owner-only IPC sockets.
 
 To add a message: define a frozen attrs class deriving from
 :class:`ControlMessage`, decorate it with ``@message("tag")``, use only
@@ -34,7 +32,6 @@ __all__ = [
     "DataReady",
     "Ready",
     "Shutdown",
-    "StartupFailed",
     "StatsReply",
     "StatsRequest",
     "Stream",
@@ -247,15 +244,6 @@ class Ready(ControlMessage):
 
     process: str = attrs.field(validator=_nonempty_str)
     stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
-
-
-@message("startup_failed")
-@attrs.frozen
-class StartupFailed(ControlMessage):
-    """Worker process → runner: building a stage failed (formatted traceback)."""
-
-    process: str = attrs.field(validator=_nonempty_str)
-    traceback: str = attrs.field(validator=_exact(str))
 
 
 @message("stats_request")

@@ -1,0 +1,11 @@
+"""omni_speech: a streaming speech pipeline with real (small, random-weight) torch models on CPU.
+
+``preprocess`` fans out to a text and an audio encoder, the ``thinker`` fans
+them in and decodes tokens one by one, streaming each to the ``talker``, which
+streams codec frames to the ``vocoder``, which streams PCM to the caller.
+
+* :mod:`examples.omni_speech.models`: the torch models and the audio front end;
+* :mod:`examples.omni_speech.stages`: the stage factories, schedulers and hooks;
+* :mod:`examples.omni_speech.pipeline`: ``make_config(placement)`` and client helpers;
+* ``python -m examples.omni_speech``: the client (see ``--help`` and docs/omni-speech.md).
+"""

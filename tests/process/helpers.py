@@ -1,0 +1,155 @@
+"""Helpers for the multi-process tests: configs with a known IPC base directory,
+and what a run may leave behind (IPC directories, shared memory, worker processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import omni_trio as ot
+from omni_trio import runtime
+
+#: Where POSIX shared-memory segments live, and the prefix of every omni-trio segment.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "omnitrio-"
+
+
+def config(base: Path, *stages: ot.StageConfig, **kwargs: Any) -> ot.PipelineConfig:
+    """A PipelineConfig whose per-run IPC directory is created under ``base``."""
+    return ot.PipelineConfig(stages=list(stages), endpoints=ot.EndpointsConfig(base_path=str(base)), **kwargs)
+
+
+def ipc_dir(base: Path) -> Path:
+    """The one per-run IPC directory (``omnitrio-<name>-XXXX``) of the pipeline running under ``base``."""
+    (found,) = base.glob("omnitrio-*")
+    return found
+
+
+def ipc_dirs(base: Path) -> list[str]:
+    """Names of the IPC directories under ``base``."""
+    return sorted(p.name for p in base.glob("omnitrio-*"))
+
+
+def shm_segments() -> set[str]:
+    """omni-trio shared-memory segments that exist now."""
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def _children() -> dict[int, tuple[str, str]]:
+    """This process's child processes: pid -> (state, command line)."""
+    me = os.getpid()
+    found: dict[int, tuple[str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                stat = handle.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[1]) == me:
+            found[int(entry)] = (fields[0], cmdline)
+    return found
+
+
+def worker_processes() -> dict[int, str]:
+    """Worker processes (``python -m omni_trio.worker``) started by this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in _children().items() if "omni_trio.worker" in cmd}
+
+
+def zombie_children() -> list[int]:
+    """Children of this process that exited but were never waited for."""
+    return [pid for pid, (state, _) in _children().items() if state == "Z"]
+
+
+async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
+    """The content of ``path`` once it exists (bounded polling: a child process writes it)."""
+    file = trio.Path(path)
+    with trio.fail_after(timeout):
+        while not await file.exists():
+            await trio.sleep(0.01)
+    return await file.read_text()
+
+
+def kill_workers(keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Kill and reap worker processes of this process (other than ``keep``); return their pids.
+
+    For tests that expect a runtime bug to leave workers behind: they clean up
+    themselves, so that the autouse check does not report the same bug again.
+    """
+    killed = []
+    for pid in sorted(worker_processes()):
+        if pid in keep:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            continue
+        killed.append(pid)
+    return killed
+
+
+def run_prefix(ipc: Path) -> str:
+    """The shared-memory name prefix of the run whose IPC directory is ``ipc``
+    (receivers accept only segments named under it), read from a worker's spec file."""
+    spec_file = next(ipc.glob("*.spec"))
+    with open(spec_file, "rb") as handle:
+        spec = pickle.load(handle)
+    return str(spec.shm_prefix).rsplit("-", 1)[0]  # "<run prefix>-<process index>"
+
+
+@contextlib.contextmanager
+def nothing_left_behind(base: Path) -> Iterator[None]:
+    """Fail if the block leaves an IPC directory under ``base``, a shared-memory
+    segment of one of its pipelines, a worker process or an unwaited child.
+
+    Shared memory: other test runs may use /dev/shm at the same time, so only
+    the segments of pipelines started here count. Their names start with the
+    run's prefix, which the runtime passes to ``remove_segments`` when the
+    pipeline ends; the check records it there (and still removes the segments).
+    Whatever is left is removed (workers killed) before failing, so that one
+    failing test does not fail the next ones.
+    """
+    prefixes: list[str] = []
+    real_remove = runtime.remove_segments
+
+    def remove_segments(prefix: str) -> list[str]:
+        prefixes.append(prefix)
+        return real_remove(prefix)
+
+    workers_before = set(worker_processes())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runtime, "remove_segments", remove_segments)
+        yield
+    problems = []
+    if dirs := ipc_dirs(base):
+        problems.append(f"IPC directories left under {base}: {dirs}")
+    left = sorted(name for name in shm_segments() if name.startswith(tuple(f"{p}-" for p in prefixes)))
+    if left:
+        problems.append(f"shared-memory segments left in /dev/shm: {left}")
+        for name in left:
+            with contextlib.suppress(OSError):
+                os.unlink(SHM_DIR / name)
+    workers = {pid: cmd for pid, cmd in worker_processes().items() if pid not in workers_before}
+    if workers:
+        problems.append(f"worker processes still running: {workers}")
+        kill_workers(keep=workers_before)
+    if zombies := zombie_children():
+        problems.append(f"child processes never waited for: {zombies}")
+    assert not problems, "\n".join(problems)
