@@ -93,6 +93,7 @@ class StreamingSimpleScheduler:
         #: them is ignored instead of creating state nobody will clear.
         self.completed_request_ids = SyncIdSet()
         self._stopping = threading.Event()
+        self._serving_thread: int | None = None
 
     # ------------------------------------------------------------------
     # Hooks for subclasses
@@ -168,6 +169,7 @@ class StreamingSimpleScheduler:
     def start(self) -> None:
         """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
         loop = ThreadLoop()
+        self._serving_thread = threading.get_ident()
         try:
             while not self._stopping.is_set():
                 if self.has_ready_work():
@@ -179,6 +181,10 @@ class StreamingSimpleScheduler:
                         continue
                 else:
                     msg = self._take()
+                if msg.type == "abort":
+                    # Sent by abort() from the stage's thread: clear here, where the hooks run.
+                    self.clear_request_state(msg.request_id, keep_aborted=True)
+                    continue
                 if msg.type == "wakeup" or self.is_aborted(msg.request_id):
                     continue
                 try:
@@ -201,7 +207,12 @@ class StreamingSimpleScheduler:
         ``abort_callback`` runs once per id, however many times it is aborted.
         """
         fresh = self.aborted_request_ids.add(request_id)
-        self.clear_request_state(request_id, keep_aborted=True)
+        if threading.get_ident() == self._serving_thread:
+            self.clear_request_state(request_id, keep_aborted=True)
+        else:
+            # From the stage's event loop: never wait for state_lock there (a hook may
+            # hold it for a whole compute step); the serve loop clears the state.
+            self.inbox.put(IncomingMessage(request_id, "abort"))
         if fresh:
             call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
 

@@ -327,6 +327,14 @@ class Stage:
                 inbox.unfinished_tasks -= removed
                 inbox.not_full.notify_all()
 
+    def _queued_work(self) -> int:
+        """Inbox messages that are work (a scheduler's own ``abort`` notes are cleanup)."""
+        inbox = self.scheduler.inbox
+        if not isinstance(inbox, queue.Queue):
+            return int(inbox.qsize())
+        with inbox.mutex:
+            return sum(1 for message in inbox.queue if getattr(message, "type", None) != "abort")
+
     def clear_request_state(self, request_id: str) -> None:
         """Forget a request's per-stage state (after routing, failure or abort)."""
         self.active.discard(request_id)
@@ -353,7 +361,7 @@ class Stage:
             request_scopes=len(self._scopes),
             in_flight_sends=self._in_flight_sends,
             relay_buffers=self._relay_in_use(),
-            queued_inbox=self.scheduler.inbox.qsize(),
+            queued_inbox=self._queued_work(),
             healthy=self._unhealthy is None,
         )
 
