@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -129,3 +131,42 @@ def result_message(request_id: str, data: object) -> OutgoingMessage:
 def error_message(request_id: str, error: BaseException) -> OutgoingMessage:
     """The ``error`` message for one request; the stage fails it with ``str(error)``."""
     return OutgoingMessage(request_id=request_id, type="error", data=error)
+
+
+class BatchWindow:
+    """The batching window of one batch (SPEC §5.1 step 3).
+
+    Armed at the first request when ``armed_at_first`` (the reference's
+    ``batch_wait_when_idle=True``), otherwise only once a second request
+    joins: an idle stage runs a lone request at once, a backlog still
+    batches fully.
+    """
+
+    def __init__(self, wait_s: float, *, armed_at_first: bool) -> None:
+        self._wait_s = wait_s
+        self._deadline = time.monotonic() + wait_s if armed_at_first else None
+
+    def joined(self) -> None:
+        """A request joined the batch: arm the window if it is not armed yet."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._wait_s
+
+    def next_message(
+        self, take_nowait: Callable[[], IncomingMessage | None], inbox: queue.Queue[IncomingMessage]
+    ) -> IncomingMessage | None:
+        """The next queued message; when none is queued, wait for one while the window is open.
+
+        Returns None when the batch is complete: nothing queued and the window
+        unarmed or over. This is the one timed wait of the schedulers: a real
+        deadline, not a poll.
+        """
+        message = take_nowait()
+        if message is not None or self._deadline is None:
+            return message
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            return inbox.get(timeout=remaining)
+        except queue.Empty:
+            return None

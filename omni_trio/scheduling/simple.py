@@ -12,12 +12,12 @@ import collections
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from omni_trio.scheduling._support import (
     WAKEUP,
+    BatchWindow,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -183,21 +183,11 @@ class SimpleScheduler:
         if self.batch_compute_fn is None or self.max_batch_size <= 1:
             return batch
         cost = self.message_cost(first) if self.max_batch_cost is not None else 0
-        deadline = time.monotonic() + self.max_batch_wait_s if self.batch_wait_when_idle else None
+        window = BatchWindow(self.max_batch_wait_s, armed_at_first=self.batch_wait_when_idle)
         while len(batch) < self.max_batch_size:
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                if deadline is None:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    # The one timed wait: the batching window's real deadline.
-                    msg = self.inbox.get(timeout=remaining)
-                except queue.Empty:
-                    break
+            msg = window.next_message(self._inbox_nowait, self.inbox)
+            if msg is None:
+                break
             if msg.type != "new_request":
                 self.pending_messages.append(msg)
                 if msg.type == "wakeup":
@@ -218,9 +208,14 @@ class SimpleScheduler:
                     break
                 cost += msg_cost
             batch.append(msg)
-            if deadline is None:
-                deadline = time.monotonic() + self.max_batch_wait_s
+            window.joined()
         return batch
+
+    def _inbox_nowait(self) -> IncomingMessage | None:
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            return None
 
     def _process(self, first: IncomingMessage, loop: ThreadLoop) -> None:
         try:

@@ -14,13 +14,13 @@ import collections
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling._support import (
     WAKEUP,
+    BatchWindow,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -285,20 +285,11 @@ class StreamingSimpleScheduler:
             return batch
         deferred: list[IncomingMessage] = []
         cost = self.message_cost(first) if self.max_batch_cost is not None else 0
-        deadline = time.monotonic() + self.max_batch_wait_s if self.batch_wait_when_idle else None
+        window = BatchWindow(self.max_batch_wait_s, armed_at_first=self.batch_wait_when_idle)
         while len(batch) < self.max_batch_size:
-            msg = self._take_nowait()
+            msg = window.next_message(self._take_nowait, self.inbox)
             if msg is None:
-                if deadline is None:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    # The one timed wait: the batching window's real deadline.
-                    msg = self.inbox.get(timeout=remaining)
-                except queue.Empty:
-                    break
+                break
             if msg.type == "wakeup":
                 deferred.append(msg)
                 break
@@ -327,8 +318,7 @@ class StreamingSimpleScheduler:
                     break
                 cost += msg_cost
             batch.append(msg)
-            if deadline is None:
-                deadline = time.monotonic() + self.max_batch_wait_s
+            window.joined()
         self.pending_messages.extendleft(reversed(deferred))
         return batch
 
