@@ -24,6 +24,9 @@ from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
 
+#: ``StageConfig.restart`` values: a dead worker ends the pipeline, or is started again.
+RESTART_POLICIES = ("never", "on-failure")
+
 
 def dotted_path(value: Any) -> Any:
     """Store a module-level callable as its dotted path; leave anything else as is."""
@@ -88,6 +91,12 @@ class StageConfig:
     Exactly one of ``next`` (downstream stage or stages) and
     ``terminal=True`` must be given. ``factory`` holds keyword arguments for
     the factory. ``process=None`` runs the stage inside the caller's process.
+
+    ``restart`` is the policy of the stage's worker process: ``"never"`` (a
+    death ends the pipeline) or ``"on-failure"`` (the process is started
+    again, at most ``max_restarts`` times over the pipeline's life). It is a
+    property of the process, so every stage of one process must agree; it
+    has no effect on a stage with ``process=None``.
     """
 
     name: str
@@ -107,6 +116,8 @@ class StageConfig:
     disable_direct_cuda_ipc_payload: bool = False
     gpu: int | None = None
     comm: CommConfig | None = None
+    restart: str = "never"
+    max_restarts: int = 3
 
     @property
     def next_stages(self) -> list[str]:
@@ -254,6 +265,39 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         )
     if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
         problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
+    if stage.restart not in RESTART_POLICIES:
+        problems.append(
+            ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")
+        )
+    # bool is an int subclass, but max_restarts=True is surely a mistake.
+    if not isinstance(stage.max_restarts, int) or isinstance(stage.max_restarts, bool) or stage.max_restarts < 0:
+        problems.append(
+            ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
+        )
+    return problems
+
+
+def _restart_problems(config: PipelineConfig) -> list[ConfigProblem]:
+    """The restart policy belongs to a process: its stages must not disagree about it."""
+    problems: list[ConfigProblem] = []
+    first: dict[str, tuple[int, StageConfig]] = {}
+    for i, stage in enumerate(config.stages):
+        if stage.process is None:
+            continue
+        if stage.process not in first:
+            first[stage.process] = (i, stage)
+            continue
+        j, other = first[stage.process]
+        for field in ("restart", "max_restarts"):
+            mine, theirs = getattr(stage, field), getattr(other, field)
+            if mine != theirs:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].{field}",
+                        f"{field}={mine!r} differs from {field}={theirs!r} of stages[{j}] ({other.name!r}) in "
+                        f"the same process {stage.process!r}; all stages of one process share its restart policy",
+                    )
+                )
     return problems
 
 
@@ -344,6 +388,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     for i, stage in enumerate(config.stages):
         problems += _stage_problems(i, stage, known)
     problems += _check_hook_value("terminal_stages_fn", config.terminal_stages_fn)
+    problems += _restart_problems(config)
     problems += _graph_problems(config, known)
     return problems
 

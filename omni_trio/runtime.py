@@ -182,7 +182,10 @@ async def open_pipeline(
     what their schedulers already published, workers stop (terminated, then
     killed, if they do not), and the IPC directory and shared-memory
     segments of the run are removed. A worker that dies fails every live
-    request with :class:`StageProcessDied` and ends the pipeline with it.
+    request with :class:`StageProcessDied` and ends the pipeline with it,
+    unless its stages say ``restart="on-failure"``: then it is started
+    again (at most ``max_restarts`` times; new submits wait until it is
+    ready) and the pipeline keeps serving.
     """
     check_imports(config)
     trace_path = trace_path_from_env(trace)
@@ -243,6 +246,19 @@ async def _in_processes(
                 died.append(StageProcessDied(None, worker.name, worker.pid, worker.returncode))
                 nursery.cancel_scope.cancel()
 
+            def on_lost(worker: Worker) -> list[str]:
+                # The worker will be restarted: fail what is live (any of it may have
+                # been in the dead process), but keep the pipeline running.
+                failed: list[str] = []
+
+                def error_for(request_id: str) -> StageProcessDied:
+                    failed.append(request_id)
+                    return StageProcessDied(request_id, worker.name, worker.pid, worker.returncode)
+
+                coordinator.fail_all(error_for)
+                directory.lost(worker.name, failed)
+                return failed
+
             supervisor = Supervisor(
                 config,
                 groups=groups,
@@ -251,6 +267,8 @@ async def _in_processes(
                 trace_path=trace_path,
                 endpoint=endpoint,
                 on_death=on_death,
+                on_lost=on_lost,
+                start_timeout=start_timeout,
             )
             directory = ProcessDirectory(local, endpoint, supervisor)
             coordinator = Coordinator(config, directory, tracer, nursery)

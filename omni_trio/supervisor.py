@@ -6,6 +6,11 @@ poll. Start-up is ready when the worker said ``Ready`` *and* its abort
 subscription reached our XPUB socket (so no abort can be missed). Shutdown
 is graceful (``Shutdown``, stages drain), then firm (terminate, then kill),
 all processes in parallel, never blocking the trio loop.
+
+A process whose stages say ``restart="on-failure"`` is started again after
+it died (same name, same socket path; peers' PUSH sockets reconnect on their
+own), after an exponential backoff, at most ``max_restarts`` times over the
+pipeline's life. Each attempt goes through the same readiness handshake.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint, abort_path
@@ -31,6 +37,8 @@ log = get_logger(__name__)
 #: How long stopping workers may drain before they are terminated, then killed.
 GRACEFUL_STOP_S = 10.0
 FIRM_STOP_S = 5.0
+#: The wait before the first restart of a dead worker; it doubles for each further attempt.
+RESTART_BACKOFF_S = 0.1
 
 
 @attrs.frozen
@@ -43,6 +51,9 @@ class WorkerSpec:
     shm_prefix: str
     trace_path: str | None
     sys_path: list[str]
+    #: Requests failed when an earlier incarnation of this process died: messages for
+    #: them still queued towards its socket must be dropped by the new one.
+    retired: list[str] = attrs.field(factory=list)
 
 
 @attrs.define(eq=False)
@@ -56,6 +67,14 @@ class Worker:
     settled: trio.Event = attrs.field(factory=trio.Event)
     exited: trio.Event = attrs.field(factory=trio.Event)
     failure: str | None = None
+    #: 0 for the first start, n for the n-th restart.
+    attempt: int = 0
+    shm_prefix: str = ""
+
+    @property
+    def live(self) -> bool:
+        """Ready (abort subscription included) and not exited: it answers aborts and stats."""
+        return self.settled.is_set() and self.failure is None and not self.exited.is_set()
 
     @property
     def pid(self) -> int | None:
@@ -74,7 +93,13 @@ def startup_traceback_path(ipc_dir: Path, process: str) -> Path:
 
 
 class Supervisor:
-    """Starts, watches and stops the worker processes of one pipeline."""
+    """Starts, watches and stops the worker processes of one pipeline.
+
+    ``on_death(worker)`` is called when a worker that was ready dies and is not
+    (or no longer) restarted: the pipeline must end. ``on_lost(worker)`` is
+    called instead when it will be restarted; it fails what the worker may have
+    held and returns those request ids, which the new process then drops.
+    """
 
     def __init__(
         self,
@@ -86,6 +111,8 @@ class Supervisor:
         trace_path: Path | None,
         endpoint: Endpoint,
         on_death: Callable[[Worker], None],
+        on_lost: Callable[[Worker], list[str]] | None = None,
+        start_timeout: float = 120.0,
     ) -> None:
         self._config = config
         self._ipc_dir = ipc_dir
@@ -93,10 +120,30 @@ class Supervisor:
         self._trace_path = trace_path
         self._endpoint = endpoint
         self._on_death = on_death
+        self._on_lost = on_lost
         self.workers = {name: Worker(name) for name in groups}
         self._stopping = False
         self._abort: TrioSocket | None = None
+        self._nursery: trio.Nursery | None = None
+        #: Bounds each restarted process's start-up, like the pipeline's.
+        self._start_timeout = start_timeout
+        #: Segment prefixes are ``<run>-<index>``; a restarted worker gets a fresh index, so
+        #: its segments never collide with those its dead predecessor left behind.
+        self._next_index = len(groups) + 1
+        self._policy = {name: self._restart_policy(name) for name in groups}
+        self._restarts = dict.fromkeys(groups, 0)
+        #: Processes being restarted, each with the event set when that is over (either way).
+        self._restarting: dict[str, trio.Event] = {}
+        #: One per restart in progress: :meth:`stop` cancels their backoffs and readiness waits.
+        self._restart_scopes: set[trio.CancelScope] = set()
+        #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
+        self._spawn_lock = trio.Lock()
         endpoint.handlers[m.Ready] = self._on_ready
+
+    def _restart_policy(self, process: str) -> int:
+        """How many restarts ``process`` may have (0: none); config validation made its stages agree."""
+        stage = next(s for s in self._config.stages if s.process == process)
+        return stage.max_restarts if stage.restart == "on-failure" else 0
 
     @property
     def abort_socket(self) -> TrioSocket:
@@ -105,21 +152,36 @@ class Supervisor:
         return self._abort
 
     def live_workers(self) -> list[Worker]:
-        """Workers that have not exited."""
-        return [w for w in self.workers.values() if not w.exited.is_set()]
+        """Workers that are ready and have not exited (a restarting one counts once it is ready again)."""
+        return [w for w in self.workers.values() if w.live]
+
+    def restarting(self) -> list[str]:
+        """Processes being restarted now."""
+        return sorted(self._restarting)
+
+    async def wait_restarts(self) -> None:
+        """Return once no process is being restarted (each restart ended, either way)."""
+        while self._restarting:
+            await next(iter(self._restarting.values())).wait()
 
     async def spawn(self, nursery: trio.Nursery) -> None:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
+        self._nursery = nursery
         xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir))
         self._abort = xpub
         self._endpoint.adopt(xpub)
         nursery.start_soon(self._watch_subscriptions, xpub)
         for index, worker in enumerate(self.workers.values(), start=1):
-            spec_path = self._write_spec(worker.name, f"{self._run_prefix}-{index}")
-            worker.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "omni_trio.worker", str(spec_path)], stdin=subprocess.PIPE
-            )
-            nursery.start_soon(self._watch_exit, worker)
+            await self._start(worker, index, [])
+
+    async def _start(self, worker: Worker, index: int, retired: list[str]) -> None:
+        assert self._nursery is not None
+        worker.shm_prefix = f"{self._run_prefix}-{index}"
+        spec_path = self._write_spec(worker.name, worker.shm_prefix, retired)
+        worker.process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "omni_trio.worker", str(spec_path)], stdin=subprocess.PIPE
+        )
+        self._nursery.start_soon(self._watch_exit, worker)
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait until every worker is ready; raise StageStartupError naming those that are not."""
@@ -133,7 +195,7 @@ class Supervisor:
             late = [w.name for w in self.workers.values() if not w.settled.is_set()]
             raise StageStartupError(f"process(es) {late} not ready within the start-up timeout of {timeout:g} s")
 
-    def _write_spec(self, process: str, shm_prefix: str) -> Path:
+    def _write_spec(self, process: str, shm_prefix: str, retired: list[str]) -> Path:
         spec = WorkerSpec(
             config=self._config,
             process=process,
@@ -141,6 +203,7 @@ class Supervisor:
             shm_prefix=shm_prefix,
             trace_path=None if self._trace_path is None else str(process_trace_path(self._trace_path, process)),
             sys_path=[p for p in sys.path if p],
+            retired=retired,
         )
         path = self._ipc_dir / f"{process}.spec"
         with open(path, "wb") as handle:
@@ -191,11 +254,70 @@ class Supervisor:
             worker.settled.set()
             return
         log.error("stage_process_died", process=worker.name, pid=worker.pid, exit=describe_exit(returncode))
-        self._on_death(worker)
+        if worker.name in self._restarting:
+            return  # died as soon as it was ready: the restart in progress counts it as a failed attempt
+        if self._restarts[worker.name] >= self._policy[worker.name] or self._on_lost is None:
+            self._on_death(worker)
+            return
+        retired = self._on_lost(worker)
+        done = self._restarting[worker.name] = trio.Event()
+        try:
+            await self._restart(worker, retired)
+        finally:
+            if self._restarting.get(worker.name) is done:
+                del self._restarting[worker.name]
+            done.set()
+
+    async def _restart(self, dead: Worker, retired: list[str]) -> None:
+        """Start ``dead``'s process again, with backoff, until it is ready or no attempt is left."""
+        scope = trio.CancelScope()
+        self._restart_scopes.add(scope)
+        try:
+            await self._restart_attempts(dead, retired, scope)
+        finally:
+            self._restart_scopes.discard(scope)
+
+    async def _restart_attempts(self, dead: Worker, retired: list[str], scope: trio.CancelScope) -> None:
+        name = dead.name
+        with scope:
+            while self._restarts[name] < self._policy[name]:
+                attempt = self._restarts[name] = self._restarts[name] + 1
+                # A backoff between attempts, not a poll: a process that dies at once
+                # must not be restarted in a tight loop.
+                await trio.sleep(RESTART_BACKOFF_S * 2 ** (attempt - 1))
+                # What the dead incarnation left in /dev/shm: its readers were failed with it.
+                remove_segments(dead.shm_prefix)
+                worker = Worker(name, attempt=attempt)
+                async with self._spawn_lock:
+                    if self._stopping:
+                        return
+                    self.workers[name] = worker
+                    index, self._next_index = self._next_index, self._next_index + 1
+                    # Shielded: a process spawned but not recorded would be left running.
+                    with trio.CancelScope(shield=True):
+                        await self._start(worker, index, retired)
+                with trio.move_on_after(self._start_timeout):
+                    await worker.settled.wait()
+                if worker.live:
+                    log.warning("stage_process_restarted", process=name, attempt=attempt, pid=worker.pid)
+                    return
+                if worker.failure is None and worker.process is not None and not worker.exited.is_set():
+                    worker.failure = f"process {name!r} (pid {worker.pid}) not ready within {self._start_timeout:g} s"
+                    worker.process.kill()
+                    await worker.exited.wait()
+                log.error("stage_process_restart_failed", process=name, attempt=attempt, error=worker.failure)
+                dead = worker
+            if not self._stopping:
+                self._on_death(dead)
 
     async def stop(self) -> None:
         """Stop every worker: Shutdown, then terminate, then kill; all in parallel."""
         self._stopping = True
+        for scope in self._restart_scopes:
+            scope.cancel()
+        # A restart spawning a process right now finishes first, so that it is stopped below.
+        async with self._spawn_lock:
+            pass
         async with trio.open_nursery() as nursery:
             for worker in self.workers.values():
                 nursery.start_soon(self._stop_one, worker)
@@ -204,7 +326,10 @@ class Supervisor:
         proc = worker.process
         if proc is None:
             return
-        if not worker.exited.is_set():
+        # A restarted worker that is not ready holds no request: nothing to drain, and it
+        # may not handle Shutdown yet.
+        graceful = worker.attempt == 0 or worker.live
+        if not worker.exited.is_set() and graceful:
             with trio.move_on_after(1):
                 await self._endpoint.send(worker.name, m.Shutdown())
             with trio.move_on_after(GRACEFUL_STOP_S):

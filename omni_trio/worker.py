@@ -104,6 +104,11 @@ async def _start_stages(
         coordinator=RemoteCoordinatorLink(endpoint),
     )
     connect_stages(stages, endpoint, tracer)
+    # Peers may still have messages for these requests queued towards our socket
+    # path, sent to the incarnation that died: they must find them retired here.
+    for stage in stages.values():
+        for request_id in spec.retired:
+            stage.aborted.add(request_id)
     endpoint.stages.update(stages)
 
     async def on_shutdown(_: m.Shutdown) -> None:

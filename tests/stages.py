@@ -203,7 +203,8 @@ def create_passthrough():
 
 def create_block_and_report_pid():
     """Writes its process id to the file named by the request's ``pid_file`` param,
-    then blocks until the request is aborted (for tests that kill the stage's process)."""
+    then blocks until the request is aborted (for tests that kill the stage's process),
+    unless the ``block`` param is False."""
     import os
 
     released: dict[str, threading.Event] = {}
@@ -218,7 +219,8 @@ def create_block_and_report_pid():
         with open(f"{path}.tmp", "w", encoding="ascii") as handle:
             handle.write(str(os.getpid()))
         os.replace(f"{path}.tmp", path)  # the test never sees a half-written file
-        event_for(payload.request_id).wait()
+        if payload.request.params.get("block", True):
+            event_for(payload.request_id).wait()
         with lock:
             released.pop(payload.request_id, None)
         payload.data = {"trail": ["blocked"]}
@@ -301,3 +303,204 @@ class Swallow:
 
 def create_swallow() -> Swallow:
     return Swallow()
+
+
+# ---------------------------------------------------------------------------- reliability suite (tests/reliability)
+
+
+class BoundedStreamOutbox:
+    """A scheduler outbox that holds at most ``max_streams`` stream messages: a producer's ``put`` of
+    one more blocks until the outbox pump has taken one. Other messages (results, the runtime's
+    ``wakeup`` sentinel) never block, so stopping the stage cannot deadlock on a full outbox."""
+
+    def __init__(self, max_streams: int) -> None:
+        import queue
+
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._slots = threading.Semaphore(max_streams)
+
+    def put(self, message: Any, block: bool = True, timeout: float | None = None) -> None:
+        if message.type == "stream":
+            self._slots.acquire()
+        self._queue.put(message)
+
+    def _took(self, message: Any) -> Any:
+        if message.type == "stream":
+            self._slots.release()
+        return message
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return self._took(self._queue.get(block, timeout))
+
+    def get_nowait(self) -> Any:
+        return self._took(self._queue.get_nowait())
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+
+class LazyProducer(Producer):
+    """Like :class:`Producer`, but makes each chunk only when the outbox has room for it (at most
+    ``max_queued`` chunks wait in the outbox), and stops making chunks for an aborted request.
+    Chunk ``i`` is ``torch.full((numel,), float(i))``, so a receiver can check order and content."""
+
+    def __init__(self, chunks: int, numel: int, max_queued: int) -> None:
+        super().__init__(chunks, numel)
+        self.outbox = BoundedStreamOutbox(max_queued)  # type: ignore[assignment]
+
+    def start(self) -> None:
+        import torch
+
+        while True:
+            msg = self.inbox.get()
+            if msg.type == "wakeup":
+                return
+            if msg.type != "new_request":
+                continue
+            params = msg.data.request.params
+            numel = int(params.get("numel", self.numel))
+            for i in range(int(params.get("chunks", self.chunks))):
+                if msg.request_id in self.aborted:
+                    break
+                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=torch.full((numel,), float(i))))
+            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+
+def create_lazy_producer(chunks: int = 16, numel: int = 1024, max_queued: int = 4) -> LazyProducer:
+    return LazyProducer(chunks, numel, max_queued)
+
+
+class SlowChecksum(StreamingSimpleScheduler):
+    """A slow stream consumer that keeps only a running checksum: sleeps per chunk,
+    checks that chunk ``i`` has chunk id ``i`` and is filled with ``float(i)`` (as
+    :class:`LazyProducer` makes them), and completes with the count, the checksum and the
+    first chunk out of place (``None`` if none)."""
+
+    def __init__(self, sleep_s: float, first_sleep_s: float) -> None:
+        super().__init__(compute_fn=None)
+        self.sleep_s = sleep_s
+        self.first_sleep_s = first_sleep_s
+        self.state: dict[str, dict[str, Any]] = {}
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return True
+
+    def on_stream_chunk(self, request_id: str, item: Any) -> list[OutgoingMessage]:
+        import time
+
+        state = self.state.setdefault(request_id, {"chunks": 0, "checksum": 0.0, "bytes": 0, "misplaced": None})
+        expected = state["chunks"]
+        data = item.data
+        first, last = float(data[0]), float(data[-1])
+        if state["misplaced"] is None and (item.chunk_id != expected or first != expected or last != expected):
+            state["misplaced"] = (expected, item.chunk_id, first, last)
+        state["chunks"] = expected + 1
+        state["checksum"] += float(data.sum())
+        state["bytes"] += data.numel() * data.element_size()
+        if expected == 0 and self.first_sleep_s:
+            time.sleep(self.first_sleep_s)
+        elif self.sleep_s:
+            time.sleep(self.sleep_s)
+        return []
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
+        payload = self.stream_payloads[request_id]
+        payload.data = self.state.pop(request_id, {"chunks": 0, "checksum": 0.0, "bytes": 0, "misplaced": None})
+        return [OutgoingMessage(request_id, "result", data=payload)]
+
+    def clear_stream_state(self, request_id: str) -> None:
+        self.state.pop(request_id, None)
+
+
+def create_slow_checksum(sleep_s: float = 0.001, first_sleep_s: float = 0.0) -> SlowChecksum:
+    """A :class:`SlowChecksum` that sleeps ``first_sleep_s`` on each request's first chunk (a stall)
+    and ``sleep_s`` on every other chunk."""
+    return SlowChecksum(sleep_s, first_sleep_s)
+
+
+def create_tensor_of():
+    """Returns ``{"t": torch.zeros(numel, dtype=torch.<dtype>)}`` for the request's ``numel`` and
+    ``dtype`` params (default 4 float32 elements): a payload of a chosen size and dtype."""
+    import torch
+
+    def fn(payload: StagePayload) -> StagePayload:
+        params = payload.request.params
+        dtype = getattr(torch, str(params.get("dtype", "float32")))
+        payload.data = {"t": torch.zeros(int(params.get("numel", 4)), dtype=dtype)}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_sum_tensor():
+    """Returns ``{"sum": float(t.sum()), "numel": t.numel()}`` of the incoming payload's ``t``."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        t = payload.data["t"]
+        payload.data = {"sum": float(t.sum()), "numel": int(t.numel())}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+class TargetedStreamer(Swallow):
+    """Streams one chunk to the stage named by the request's ``target`` param (through
+    ``OutgoingMessage.target``; no chunk without the param), then returns its payload."""
+
+    def start(self) -> None:
+        while True:
+            msg = self.inbox.get()
+            if msg.type == "wakeup":
+                return
+            if msg.type != "new_request":
+                continue
+            target = msg.data.request.params.get("target")
+            if target is not None:
+                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=[1, 2, 3], target=target))
+            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+
+def create_targeted_streamer() -> TargetedStreamer:
+    return TargetedStreamer()
+
+
+#: Gates of ``create_gated`` stages, by name: (a request started computing, release every request).
+GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def gate(name: str) -> tuple[threading.Event, threading.Event]:
+    """The (started, release) events of the ``create_gated`` stage called ``name`` (same process only)."""
+    with _GATES_LOCK:
+        return GATES.setdefault(name, (threading.Event(), threading.Event()))
+
+
+def create_gated(name: str, max_pending: int | None = None):
+    """Sets ``gate(name)[0]`` when a request starts computing, then waits for ``gate(name)[1]``;
+    appends ``name``. ``max_pending`` bounds the requests waiting in its inbox."""
+    started, release = gate(name)
+
+    def fn(payload: StagePayload) -> StagePayload:
+        started.set()
+        release.wait()
+        return append_tag(payload, name)
+
+    return SimpleScheduler(fn, max_pending=max_pending)
+
+
+def create_scheduler_crash():
+    """A scheduler whose serving loop takes one request, then dies (RuntimeError out of ``start``)."""
+
+    class Crashing(SimpleScheduler):
+        def start(self) -> None:
+            while True:
+                message = self.inbox.get()
+                if message.type == "wakeup":
+                    return  # stopped before any request came
+                if message.type == "new_request":
+                    raise RuntimeError(f"scheduler loop lost its mind over {message.request_id!r}")
+
+    return Crashing(lambda payload: payload)

@@ -59,6 +59,8 @@ class ProcessDirectory:
         self._aborts: dict[str, _Replies] = {}
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
+        #: Submits waiting for a restarting process, by request id: an abort releases them.
+        self._held: dict[str, trio.CancelScope] = {}
         endpoint.handlers[m.AbortDone] = self._on_abort_done
         endpoint.handlers[m.StatsReply] = self._on_stats_reply
 
@@ -70,8 +72,31 @@ class ProcessDirectory:
         for replies in [*self._aborts.values(), *self._stats.values()]:
             replies.arrived(process)
 
+    def lost(self, process: str, failed: list[str]) -> None:
+        """A worker died and will be restarted: stop waiting for it, and abort the
+        requests that were failed because of it in every other process."""
+        self.forget(process)
+        for request_id in failed:
+            self._endpoint.spawn(self.abort, request_id)
+
     async def submit(self, stage: str, payload: StagePayload) -> None:
-        """Hand a new request to the entry stage, wherever it runs."""
+        """Hand a new request to the entry stage, wherever it runs.
+
+        While a worker is being restarted the request waits until it is ready
+        (every stage is reachable from the entry stage, so it may need that
+        worker); aborting the request (its deadline, its caller) ends the wait.
+        """
+        if self._supervisor.restarting():
+            with trio.CancelScope() as held:
+                self._held[payload.request_id] = held
+                try:
+                    await self._supervisor.wait_restarts()
+                finally:
+                    del self._held[payload.request_id]
+            if held.cancelled_caught:
+                return  # aborted while it waited: the coordinator already resolved it
+            if not all(worker.live for worker in self._supervisor.workers.values()):
+                return  # the restart failed (or the pipeline stops): the request was failed with it
         if stage in self._local:
             await self._local[stage].on_submit(payload)
             return
@@ -88,6 +113,9 @@ class ProcessDirectory:
 
     async def abort(self, request_id: str) -> None:
         """Every stage drops ``request_id``; returns once every live worker confirmed."""
+        held = self._held.get(request_id)
+        if held is not None:
+            held.cancel()
         for stage in self._local.values():
             stage.on_abort(request_id)
         replies = self._aborts[request_id] = _Replies(self._live())
@@ -122,6 +150,11 @@ class ProcessDirectory:
             del self._stats[token]
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
+        # Stages of a process being restarted hold nothing, and serve nothing yet.
+        restarting = set(self._supervisor.restarting())
+        for name, process in self._endpoint.placement.items():
+            if process in restarting:
+                result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
 
     async def _on_stats_reply(self, message: m.StatsReply) -> None:

@@ -15,10 +15,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, Final, TypeVar
 
 from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
+from omni_trio.scheduling.errors import QueueFullError
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 
 logger = logging.getLogger("omni_trio.scheduling")
@@ -28,6 +29,39 @@ T = TypeVar("T")
 #: The stop sentinel: ``stop()`` puts it into the inbox so a ``start()``
 #: blocked on ``inbox.get()`` wakes up and notices it should return.
 WAKEUP: Final[IncomingMessage] = IncomingMessage(request_id="", type="wakeup")
+
+
+def checked_max_pending(max_pending: int | None) -> int | None:
+    """Validate a scheduler's ``max_pending`` (None: unbounded)."""
+    if max_pending is None:
+        return None
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0:
+        raise ValueError(f"max_pending must be None or a whole number >= 0, got {max_pending!r}")
+    return max_pending
+
+
+def refuse_if_full(
+    max_pending: int | None,
+    msg: IncomingMessage,
+    inbox: queue.Queue[IncomingMessage],
+    taken: Iterable[IncomingMessage] = (),
+) -> None:
+    """Raise QueueFullError when ``msg`` is a new request and ``max_pending`` requests already wait.
+
+    Waiting means queued in ``inbox`` or taken from it but not started (``taken``,
+    a scheduler's ``pending_messages``); counted on each call rather than kept in a
+    counter, because the stage also removes an aborted request's messages from the
+    inbox itself. Other messages (stream chunks, signals) belong to admitted
+    requests and are never refused.
+    """
+    if max_pending is None or msg.type != "new_request":
+        return
+    with inbox.mutex:
+        waiting = sum(1 for queued in inbox.queue if queued.type == "new_request")
+    # tuple() copies the deque in one C call, safe against the scheduler thread's pops.
+    waiting += sum(1 for queued in tuple(taken) if queued.type == "new_request")
+    if waiting >= max_pending:
+        raise QueueFullError(f"stage inbox is full (max_pending={max_pending})")
 
 
 class SyncIdSet:

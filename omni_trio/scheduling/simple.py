@@ -22,7 +22,9 @@ from omni_trio.scheduling._support import (
     ThreadLoop,
     call_logged,
     call_sync_or_async,
+    checked_max_pending,
     error_message,
+    refuse_if_full,
     result_message,
 )
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -48,6 +50,10 @@ class SimpleScheduler:
     Every exception from user compute becomes an ``error`` message for the
     request(s) it belongs to; the loop keeps serving. Aborted requests never
     enter a batch and their outputs are dropped.
+
+    ``max_pending`` bounds the requests waiting to start: :meth:`enqueue` of
+    a further ``new_request`` raises :class:`QueueFullError` (the stage fails
+    that request, which the caller sees as ``RequestFailed``). None: unbounded.
     """
 
     def __init__(
@@ -64,7 +70,9 @@ class SimpleScheduler:
         abort_callback: Callable[[str], object] | None = None,
         shutdown_callback: Callable[[], object] | None = None,
         request_arrival_hook: Callable[[Any], object] | None = None,
+        max_pending: int | None = None,
     ) -> None:
+        self.max_pending = checked_max_pending(max_pending)
         self.max_concurrency = max(int(max_concurrency), 1)
         if self.max_concurrency > 1 and batch_compute_fn is not None:
             raise ValueError("max_concurrency > 1 and batch_compute_fn are mutually exclusive")
@@ -128,7 +136,9 @@ class SimpleScheduler:
 
         Runs ``request_arrival_hook`` for a ``new_request`` first, so a stage
         can account for the request before the scheduler thread sees it.
+        Raises :class:`QueueFullError` beyond ``max_pending`` waiting requests.
         """
+        refuse_if_full(self.max_pending, msg, self.inbox, self.pending_messages)
         if msg.type == "new_request" and self.request_arrival_hook is not None:
             self.request_arrival_hook(msg.data)
         self.inbox.put(msg)

@@ -25,7 +25,9 @@ from omni_trio.scheduling._support import (
     ThreadLoop,
     call_logged,
     call_sync_or_async,
+    checked_max_pending,
     error_message,
+    refuse_if_full,
     result_message,
 )
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -51,6 +53,9 @@ class StreamingSimpleScheduler:
     ``stream_chunk_batch_max``, else ``max_batch_size``), and
     ``stream_chunk_batch_distinct_requests`` ends such a batch at the first
     repeated request id.
+
+    ``max_pending`` bounds the new requests waiting in the inbox (see
+    :meth:`enqueue`); stream chunks and signals are never refused.
     """
 
     can_batch_stream_chunks: bool = False
@@ -68,7 +73,9 @@ class StreamingSimpleScheduler:
         request_cost_fn: Callable[[Any], int] | None = None,
         max_batch_cost: int | None = None,
         abort_callback: Callable[[str], object] | None = None,
+        max_pending: int | None = None,
     ) -> None:
+        self.max_pending = checked_max_pending(max_pending)
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self.compute_fn = compute_fn
@@ -200,6 +207,15 @@ class StreamingSimpleScheduler:
         """Make ``start`` return; the ``wakeup`` sentinel unblocks a waiting loop."""
         self._stopping.set()
         self.inbox.put(WAKEUP)
+
+    def enqueue(self, msg: IncomingMessage) -> None:
+        """Hand a message to the scheduler (stage event loop; never blocks).
+
+        Raises :class:`QueueFullError` for a ``new_request`` beyond ``max_pending`` waiting ones.
+        """
+        # getattr: a subclass that does not call our __init__ has no limit.
+        refuse_if_full(getattr(self, "max_pending", None), msg, self.inbox, self.pending_messages)
+        self.inbox.put(msg)
 
     def abort(self, request_id: str) -> None:
         """Drop the request's state and ignore its later messages.

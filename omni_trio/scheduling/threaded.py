@@ -22,7 +22,9 @@ from omni_trio.scheduling._support import (
     ThreadLoop,
     call_logged,
     call_sync_or_async,
+    checked_max_pending,
     error_message,
+    refuse_if_full,
     result_message,
 )
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -48,12 +50,14 @@ class ThreadedSimpleScheduler:
         max_concurrency: int | None = 8,
         abort_callback: Callable[[str], object] | None = None,
         dispatch_fn: Callable[[Any], Future[Any]] | None = None,
+        max_pending: int | None = None,
     ) -> None:
         if dispatch_fn is None:
             if compute_fn is None:
                 raise ValueError("ThreadedSimpleScheduler needs compute_fn or dispatch_fn")
             if max_concurrency is None:
                 raise ValueError("max_concurrency=None (no cap) is only allowed with dispatch_fn")
+        self.max_pending = checked_max_pending(max_pending)
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self.compute_fn = compute_fn
@@ -118,7 +122,11 @@ class ThreadedSimpleScheduler:
         call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
 
     def enqueue(self, msg: IncomingMessage) -> None:
-        """Hand a message to the scheduler (stage event loop; never blocks)."""
+        """Hand a message to the scheduler (stage event loop; never blocks).
+
+        Raises :class:`QueueFullError` beyond ``max_pending`` requests waiting for a slot.
+        """
+        refuse_if_full(self.max_pending, msg, self.inbox)
         if msg.type == "new_request":
             with self._cond:
                 if self._speculative.pop(msg.request_id):
