@@ -1,13 +1,16 @@
-"""Shared fixtures: the placements every core test runs in."""
+"""Shared fixtures: the placements every core test runs in.
+
+``placement`` is the ``omni_placement`` fixture of our pytest plugin
+(:mod:`omni_trio.testing`): every test that takes it runs in each placement,
+and ``--omni-placements embedded`` restricts the run.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.placement import PLACEMENTS
 
-
-@pytest.fixture(params=PLACEMENTS)
-def placement(request: pytest.FixtureRequest) -> str:
-    """Where the stages of a test pipeline run (see tests/placement.py)."""
-    return str(request.param)
+@pytest.fixture
+def placement(omni_placement: str) -> str:
+    """Where the stages of a test pipeline run (see omni_trio.testing.PLACEMENTS)."""
+    return omni_placement

@@ -1,33 +1,18 @@
-"""Build test pipelines in each placement from one stage list."""
+"""Build test pipelines in each placement from one stage list.
+
+The placements and ``place`` come from the user-facing plugin,
+:mod:`omni_trio.testing`, so our tests place stages the way users' tests do.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 import omni_trio as ot
+from omni_trio.testing import PLACEMENTS, process_for
+from omni_trio.testing import place_stages as place
 
-#: embedded: every stage in the test's process; processes: one worker process per
-#: stage; mixed: the first stage in the test's process, the others alternating
-#: between two shared worker processes.
-PLACEMENTS = ("embedded", "processes", "mixed")
-
-
-def process_for(index: int, name: str, placement: str) -> str | None:
-    """The process of the ``index``-th stage (called ``name``) in ``placement``."""
-    if placement == "embedded":
-        return None
-    if placement == "processes":
-        return f"p_{name}"
-    if placement == "mixed":
-        return None if index == 0 else ("group_a", "group_b")[index % 2]
-    raise ValueError(f"unknown placement {placement!r}")
-
-
-def place(stages: list[ot.StageConfig], placement: str) -> list[ot.StageConfig]:
-    """Assign ``process`` to each stage according to ``placement``."""
-    return [attrs.evolve(stage, process=process_for(i, stage.name, placement)) for i, stage in enumerate(stages)]
+__all__ = ["PLACEMENTS", "build", "place", "process_for", "stage"]
 
 
 def build(placement: str, *stages: ot.StageConfig, **kwargs: Any) -> ot.PipelineConfig:

