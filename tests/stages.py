@@ -33,8 +33,9 @@ def create_fail_on(word: str, tag: str = "fragile"):
     return SimpleScheduler(fn)
 
 
-def create_block_until_aborted(tag: str = "slow"):
-    """Computes only after the request was aborted (its result is then dropped)."""
+def blocking_until_aborted(tag: str, before: Any = None) -> SimpleScheduler:
+    """A SimpleScheduler whose compute blocks until its request is aborted (unless the
+    ``block`` param is False), after running ``before(payload)`` if given."""
     released: dict[str, threading.Event] = {}
     lock = threading.Lock()
 
@@ -43,6 +44,8 @@ def create_block_until_aborted(tag: str = "slow"):
             return released.setdefault(request_id, threading.Event())
 
     def fn(payload: StagePayload) -> StagePayload:
+        if before is not None:
+            before(payload)
         if payload.request.params.get("block", True):
             event_for(payload.request_id).wait()
         with lock:
@@ -54,6 +57,11 @@ def create_block_until_aborted(tag: str = "slow"):
         event_for(request_id).set()
 
     return SimpleScheduler(fn, abort_callback=abort_callback)
+
+
+def create_block_until_aborted(tag: str = "slow"):
+    """Computes only after the request was aborted (its result is then dropped)."""
+    return blocking_until_aborted(tag)
 
 
 def merge_trails(inputs: dict[str, StagePayload]) -> StagePayload:
@@ -141,16 +149,15 @@ def create_streaming_sum() -> StreamingSum:
     return StreamingSum()
 
 
-class Producer:
-    """Emits ``chunks`` tensor chunks of ``numel`` elements, then its payload."""
+class QueueScheduler:
+    """The scheduler protocol by hand, as a user would write it: blocks on its inbox,
+    woken by the wakeup sentinel; subclasses handle each ``new_request`` in :meth:`serve`."""
 
-    def __init__(self, chunks: int, numel: int) -> None:
+    def __init__(self) -> None:
         import queue
 
         self.inbox: queue.Queue[Any] = queue.Queue()
-        self.outbox: queue.Queue[Any] = queue.Queue()
-        self.chunks = chunks
-        self.numel = numel
+        self.outbox: Any = queue.Queue()
         self.aborted: set[str] = set()
 
     def warm_up_serving_thread(self) -> None:
@@ -161,15 +168,11 @@ class Producer:
             msg = self.inbox.get()
             if msg.type == "wakeup":
                 return
-            if msg.type != "new_request":
-                continue
-            import torch
+            if msg.type == "new_request":
+                self.serve(msg)
 
-            params = msg.data.request.params
-            for i in range(int(params.get("chunks", self.chunks))):
-                chunk = torch.full((int(params.get("numel", self.numel)),), float(i))
-                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+    def serve(self, msg: Any) -> None:
+        """Handle one new request (default: never answer)."""
 
     def stop(self) -> None:
         from omni_trio import IncomingMessage
@@ -178,6 +181,24 @@ class Producer:
 
     def abort(self, request_id: str) -> None:
         self.aborted.add(request_id)
+
+
+class Producer(QueueScheduler):
+    """Emits ``chunks`` tensor chunks of ``numel`` elements, then its payload."""
+
+    def __init__(self, chunks: int, numel: int) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.numel = numel
+
+    def serve(self, msg: Any) -> None:
+        import torch
+
+        params = msg.data.request.params
+        for i in range(int(params.get("chunks", self.chunks))):
+            chunk = torch.full((int(params.get("numel", self.numel)),), float(i))
+            self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
 def create_producer(chunks: int = 3, numel: int = 8) -> Producer:
@@ -207,98 +228,38 @@ def create_block_and_report_pid():
     unless the ``block`` param is False."""
     import os
 
-    released: dict[str, threading.Event] = {}
-    lock = threading.Lock()
-
-    def event_for(request_id: str) -> threading.Event:
-        with lock:
-            return released.setdefault(request_id, threading.Event())
-
-    def fn(payload: StagePayload) -> StagePayload:
+    def report_pid(payload: StagePayload) -> None:
         path = payload.request.params["pid_file"]
         with open(f"{path}.tmp", "w", encoding="ascii") as handle:
             handle.write(str(os.getpid()))
         os.replace(f"{path}.tmp", path)  # the test never sees a half-written file
-        if payload.request.params.get("block", True):
-            event_for(payload.request_id).wait()
-        with lock:
-            released.pop(payload.request_id, None)
-        payload.data = {"trail": ["blocked"]}
-        return payload
 
-    def abort_callback(request_id: str) -> None:
-        event_for(request_id).set()
-
-    return SimpleScheduler(fn, abort_callback=abort_callback)
+    return blocking_until_aborted("blocked", report_pid)
 
 
-class SizedStreamer:
+class SizedStreamer(QueueScheduler):
     """A terminal stage for tensors going to the caller: streams one float32 chunk per
     entry of the ``chunk_numels`` param (``arange(n)``), then completes with
     ``{"pcm": arange(result_numel), "n": result_numel}``."""
 
-    def __init__(self) -> None:
-        import queue
-
-        self.inbox: queue.Queue[Any] = queue.Queue()
-        self.outbox: queue.Queue[Any] = queue.Queue()
-
-    def warm_up_serving_thread(self) -> None:
-        pass
-
-    def start(self) -> None:
+    def serve(self, msg: Any) -> None:
         import torch
 
-        while True:
-            msg = self.inbox.get()
-            if msg.type == "wakeup":
-                return
-            if msg.type != "new_request":
-                continue
-            params = msg.data.request.params
-            for numel in params.get("chunk_numels", []):
-                chunk = torch.arange(int(numel), dtype=torch.float32)
-                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
-            n = int(params.get("result_numel", 0))
-            msg.data.data = {"pcm": torch.arange(n, dtype=torch.float32), "n": n}
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
-
-    def stop(self) -> None:
-        from omni_trio import IncomingMessage
-
-        self.inbox.put(IncomingMessage("", "wakeup"))
-
-    def abort(self, request_id: str) -> None:
-        pass
+        params = msg.data.request.params
+        for numel in params.get("chunk_numels", []):
+            chunk = torch.arange(int(numel), dtype=torch.float32)
+            self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=chunk))
+        n = int(params.get("result_numel", 0))
+        msg.data.data = {"pcm": torch.arange(n, dtype=torch.float32), "n": n}
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
 def create_sized_streamer() -> SizedStreamer:
     return SizedStreamer()
 
 
-class Swallow:
+class Swallow(QueueScheduler):
     """Takes requests and never answers (a stand-in upstream whose output a test forges)."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self.inbox: queue.Queue[Any] = queue.Queue()
-        self.outbox: queue.Queue[Any] = queue.Queue()
-
-    def warm_up_serving_thread(self) -> None:
-        pass
-
-    def start(self) -> None:
-        while self.inbox.get().type != "wakeup":
-            pass
-
-    def stop(self) -> None:
-        from omni_trio import IncomingMessage
-
-        self.inbox.put(IncomingMessage("", "wakeup"))
-
-    def abort(self, request_id: str) -> None:
-        pass
 
 
 def create_swallow() -> Swallow:
@@ -349,24 +310,18 @@ class LazyProducer(Producer):
 
     def __init__(self, chunks: int, numel: int, max_queued: int) -> None:
         super().__init__(chunks, numel)
-        self.outbox = BoundedStreamOutbox(max_queued)  # type: ignore[assignment]
+        self.outbox = BoundedStreamOutbox(max_queued)
 
-    def start(self) -> None:
+    def serve(self, msg: Any) -> None:
         import torch
 
-        while True:
-            msg = self.inbox.get()
-            if msg.type == "wakeup":
-                return
-            if msg.type != "new_request":
-                continue
-            params = msg.data.request.params
-            numel = int(params.get("numel", self.numel))
-            for i in range(int(params.get("chunks", self.chunks))):
-                if msg.request_id in self.aborted:
-                    break
-                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=torch.full((numel,), float(i))))
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+        params = msg.data.request.params
+        numel = int(params.get("numel", self.numel))
+        for i in range(int(params.get("chunks", self.chunks))):
+            if msg.request_id in self.aborted:
+                break
+            self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=torch.full((numel,), float(i))))
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
 def create_lazy_producer(chunks: int = 16, numel: int = 1024, max_queued: int = 4) -> LazyProducer:
@@ -450,17 +405,11 @@ class TargetedStreamer(Swallow):
     """Streams one chunk to the stage named by the request's ``target`` param (through
     ``OutgoingMessage.target``; no chunk without the param), then returns its payload."""
 
-    def start(self) -> None:
-        while True:
-            msg = self.inbox.get()
-            if msg.type == "wakeup":
-                return
-            if msg.type != "new_request":
-                continue
-            target = msg.data.request.params.get("target")
-            if target is not None:
-                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=[1, 2, 3], target=target))
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+    def serve(self, msg: Any) -> None:
+        target = msg.data.request.params.get("target")
+        if target is not None:
+            self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=[1, 2, 3], target=target))
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
 def create_targeted_streamer() -> TargetedStreamer:
