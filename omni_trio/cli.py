@@ -6,7 +6,7 @@ Commands (see docs/cli.md)::
     omni-trio run CONFIG --input TEXT|@FILE [--stream] [--trace FILE] [--json] [--request-id ID] [--deadline S]
     omni-trio trace summary TRACE
     omni-trio trace export TRACE -o timeline.json
-    omni-trio bench
+    omni-trio bench [--quick] [--json PATH] [--only W1,W4,...]
 
 Exit codes: 0 ok, 1 the request failed (or the pipeline did), 2 a usage or
 config error, 130 interrupted (Ctrl-C). Errors go to stderr.
@@ -342,9 +342,18 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``omni-trio bench``: not shipped yet; says so and exits 2."""
-    _err("the benchmark suite is not part of this release yet (see docs)")
-    return EXIT_USAGE
+    """``omni-trio bench [--quick] [--json PATH] [--only W1,...]``: run the benchmark suite (omni_trio.bench)."""
+    from omni_trio import bench
+
+    argv = ["--json", args.json]
+    if args.quick:
+        argv.append("--quick")
+    if args.only:
+        argv += ["--only", args.only]
+    try:
+        return bench.main(argv)
+    except SystemExit as exc:  # a usage error (2), already printed by argparse
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
 # --------------------------------------------------------------------------- parser
@@ -399,8 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="the timeline file to write")
     export.set_defaults(handler=cmd_trace_export)
 
-    bench = commands.add_parser("bench", help="(not in this release)",
-                                description="The benchmark suite is not part of this release yet.")
+    bench = commands.add_parser("bench", help="run the benchmark suite (python -m omni_trio.bench)",
+                                description="Run the benchmark suite: latency, throughput, tensor transfer, "
+                                            "streaming, start-up and idle cost of worker-process pipelines.")
+    bench.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
+    bench.add_argument("--json", default="out/bench.json", metavar="PATH",
+                       help="where to write the results (default: out/bench.json)")
+    bench.add_argument("--only", metavar="LIST", help="comma-separated workloads: W1..W8, floor, idle")
     bench.set_defaults(handler=cmd_bench)
     return parser
 

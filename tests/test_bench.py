@@ -1,0 +1,31 @@
+"""The benchmark suite runs end to end (``--quick``, a subset of workloads) and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_trio.bench", "--quick", "--only", "W1,W5,W8,floor", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["errors"] == {}
+    workloads = document["workloads"]
+    assert set(workloads) == {"W1", "W5", "W8", "floor"}
+    for name, metrics in workloads.items():
+        assert metrics, name
+        for metric, value in metrics.items():
+            assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
+    assert workloads["W1"]["p50_ms"] <= workloads["W1"]["p99_ms"]
+    assert workloads["W5"]["chunks_per_request"] == 50
