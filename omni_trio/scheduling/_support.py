@@ -204,3 +204,37 @@ class BatchWindow:
             return inbox.get(timeout=remaining)
         except queue.Empty:
             return None
+
+
+class BatchingOptions:
+    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1),
+    normalised once: sizes clamped to >= 1, negative waits and costs to 0."""
+
+    batch_compute_fn: Callable[[Any], Any] | None
+    max_batch_size: int
+    max_batch_wait_s: float
+    batch_wait_when_idle: bool
+    request_cost_fn: Callable[[Any], int] | None
+    max_batch_cost: int | None
+
+    def _init_batching(
+        self,
+        batch_compute_fn: Callable[[Any], Any] | None,
+        max_batch_size: int,
+        max_batch_wait_ms: float,
+        batch_wait_when_idle: bool,
+        request_cost_fn: Callable[[Any], int] | None,
+        max_batch_cost: int | None,
+    ) -> None:
+        self.batch_compute_fn = batch_compute_fn
+        self.max_batch_size = max(int(max_batch_size), 1)
+        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
+        self.batch_wait_when_idle = bool(batch_wait_when_idle)
+        self.request_cost_fn = request_cost_fn
+        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+
+    def message_cost(self, msg: IncomingMessage) -> int:
+        """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""
+        if self.request_cost_fn is None or msg.type != "new_request":
+            return 0
+        return max(int(self.request_cost_fn(msg.data)), 0)

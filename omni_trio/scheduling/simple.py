@@ -17,6 +17,7 @@ from typing import Any
 
 from omni_trio.scheduling._support import (
     WAKEUP,
+    BatchingOptions,
     BatchWindow,
     SyncIdSet,
     ThreadLoop,
@@ -38,7 +39,7 @@ ComputeFn = Callable[[Any], Any]
 BatchComputeFn = Callable[[list[Any]], Any]
 
 
-class SimpleScheduler:
+class SimpleScheduler(BatchingOptions):
     """Runs ``compute_fn`` (or ``batch_compute_fn``) for each ``new_request``.
 
     Serial mode takes one message at a time and may gather a batch: with
@@ -79,12 +80,9 @@ class SimpleScheduler:
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self.compute_fn = compute_fn
-        self.batch_compute_fn = batch_compute_fn
-        self.max_batch_size = max(int(max_batch_size), 1)
-        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
-        self.batch_wait_when_idle = bool(batch_wait_when_idle)
-        self.request_cost_fn = request_cost_fn
-        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self._init_batching(
+            batch_compute_fn, max_batch_size, max_batch_wait_ms, batch_wait_when_idle, request_cost_fn, max_batch_cost
+        )
         self.abort_callback = abort_callback
         self.request_arrival_hook = request_arrival_hook
         #: Messages taken from the inbox but not handled yet; served before the inbox.
@@ -171,12 +169,6 @@ class SimpleScheduler:
         if self.pending_messages:
             return self.pending_messages.popleft()
         return self.inbox.get()
-
-    def message_cost(self, msg: IncomingMessage) -> int:
-        """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""
-        if self.request_cost_fn is None or msg.type != "new_request":
-            return 0
-        return max(int(self.request_cost_fn(msg.data)), 0)
 
     def collect_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
         """Gather the batch that ``first`` opens (SPEC §5.1 step 3).

@@ -20,6 +20,7 @@ from typing import Any
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling._support import (
     WAKEUP,
+    BatchingOptions,
     BatchWindow,
     SyncIdSet,
     ThreadLoop,
@@ -36,7 +37,7 @@ from omni_trio.scheduling.simple import BatchComputeFn, ComputeFn
 logger = logging.getLogger(__name__)
 
 
-class StreamingSimpleScheduler:
+class StreamingSimpleScheduler(BatchingOptions):
     """Scheduler base for simple stages with streaming input.
 
     Streaming requests (``is_streaming_payload`` is True) are set up with
@@ -79,12 +80,9 @@ class StreamingSimpleScheduler:
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self.compute_fn = compute_fn
-        self.batch_compute_fn = batch_compute_fn
-        self.max_batch_size = max(int(max_batch_size), 1)
-        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
-        self.batch_wait_when_idle = bool(batch_wait_when_idle)
-        self.request_cost_fn = request_cost_fn
-        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self._init_batching(
+            batch_compute_fn, max_batch_size, max_batch_wait_ms, batch_wait_when_idle, request_cost_fn, max_batch_cost
+        )
         self.abort_callback = abort_callback
         #: Payloads of streaming requests, by request id, until they complete.
         self.stream_payloads: dict[str, StagePayload] = {}
@@ -277,12 +275,6 @@ class StreamingSimpleScheduler:
             self.handle_streaming_new_request(msg.request_id, msg.data)
             return
         self.run_non_streaming_batch(self.collect_new_request_batch(msg), loop)
-
-    def message_cost(self, msg: IncomingMessage) -> int:
-        """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""
-        if self.request_cost_fn is None or msg.type != "new_request":
-            return 0
-        return max(int(self.request_cost_fn(msg.data)), 0)
 
     def collect_new_request_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
         """Gather non-streaming requests that can join ``first``'s batch.
