@@ -75,9 +75,9 @@ def build_stages(
     tracer: Tracer,
     coordinator: CoordinatorLink,
 ) -> dict[str, Stage]:
-    """Build the stages of one process and connect those that are local to each other."""
+    """Build the stages of one process (their links come from :func:`connect_stages`)."""
     receivers = stream_receivers(config)
-    stages = {
+    return {
         spec.name: Stage(
             spec,
             build_scheduler(spec, config.model_path),
@@ -88,7 +88,6 @@ def build_stages(
         )
         for spec in placed
     }
-    return stages
 
 
 def placement_of(config: PipelineConfig) -> dict[str, str]:
