@@ -30,6 +30,7 @@ from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamI
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
     IncomingMessage,
+    Outbox,
     OutgoingMessage,
     SessionScheduler,
     SimpleScheduler,
@@ -51,6 +52,7 @@ __all__ = [
     "IncomingMessage",
     "OmniRequest",
     "OmniTrioError",
+    "Outbox",
     "OutgoingMessage",
     "PipelineClosed",
     "PipelineConfig",

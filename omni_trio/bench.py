@@ -46,7 +46,7 @@ from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
 from omni_trio.runtime import open_pipeline
-from omni_trio.scheduling import IncomingMessage, OutgoingMessage, SimpleScheduler, StreamingSimpleScheduler
+from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, SimpleScheduler, StreamingSimpleScheduler
 
 M = "omni_trio.bench"
 MB = 1 << 20
@@ -56,9 +56,9 @@ WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "floor", "idle")
 # --------------------------------------------------------------------------- stage factories (imported by workers)
 
 
-def create_noop() -> SimpleScheduler:
-    """A stage that returns each payload unchanged."""
-    return SimpleScheduler(lambda payload: payload)
+def create_noop(inline: bool = True) -> SimpleScheduler:
+    """A stage that returns each payload unchanged (on the event loop unless ``inline`` is False)."""
+    return SimpleScheduler(lambda payload: payload, inline=inline)
 
 
 def create_tensor_source() -> SimpleScheduler:
@@ -96,7 +96,7 @@ class ChunkTalker:
 
     def __init__(self, chunks: int) -> None:
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.outbox = Outbox()
         self.chunks = chunks
 
     def warm_up_serving_thread(self) -> None:
@@ -172,7 +172,7 @@ def create_split() -> SimpleScheduler:
         payload.data = {"text": text, "words": text.split()}
         return payload
 
-    return SimpleScheduler(fn)
+    return SimpleScheduler(fn, inline=True)
 
 
 def create_upper() -> SimpleScheduler:
@@ -182,7 +182,7 @@ def create_upper() -> SimpleScheduler:
         payload.data = {"upper": payload.data["text"].upper()}
         return payload
 
-    return SimpleScheduler(fn)
+    return SimpleScheduler(fn, inline=True)
 
 
 def create_count() -> SimpleScheduler:
@@ -192,7 +192,7 @@ def create_count() -> SimpleScheduler:
         payload.data = {"count": len(payload.data["words"])}
         return payload
 
-    return SimpleScheduler(fn)
+    return SimpleScheduler(fn, inline=True)
 
 
 def merge(inputs: dict[str, StagePayload]) -> StagePayload:

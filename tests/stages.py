@@ -17,12 +17,12 @@ def append_tag(payload: StagePayload, tag: str) -> StagePayload:
     return payload
 
 
-def create_append(tag: str):
-    """Appends ``tag`` to the list of stages the payload went through."""
-    return SimpleScheduler(lambda payload: append_tag(payload, tag))
+def create_append(tag: str, inline: bool = False):
+    """Appends ``tag`` to the list of stages the payload went through (on the event loop if ``inline``)."""
+    return SimpleScheduler(lambda payload: append_tag(payload, tag), inline=inline)
 
 
-def create_fail_on(word: str, tag: str = "fragile"):
+def create_fail_on(word: str, tag: str = "fragile", inline: bool = False):
     """Raises for inputs equal to ``word``; otherwise behaves like ``create_append``."""
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -30,7 +30,7 @@ def create_fail_on(word: str, tag: str = "fragile"):
             raise ValueError(f"cannot handle {word!r}")
         return append_tag(payload, tag)
 
-    return SimpleScheduler(fn)
+    return SimpleScheduler(fn, inline=inline)
 
 
 def blocking_until_aborted(tag: str, before: Any = None) -> SimpleScheduler:

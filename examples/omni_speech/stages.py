@@ -25,6 +25,7 @@ from examples.omni_speech import models
 from omni_trio import (
     IncomingMessage,
     OmniRequest,
+    Outbox,
     OutgoingMessage,
     SimpleScheduler,
     StagePayload,
@@ -196,7 +197,7 @@ class ThinkerScheduler:
 
     def __init__(self, model: models.Thinker, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.outbox = Outbox()  # its put wakes the stage: no pump thread
         self.model = model
         self.max_new_tokens = max_new_tokens
         #: Requests decoding here, in turn order, with their payload, state and token budget.

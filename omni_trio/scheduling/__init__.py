@@ -5,6 +5,7 @@ A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
 """
 
 from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, StageScheduler
 from omni_trio.scheduling.session import (
     SessionContext,
@@ -19,6 +20,7 @@ from omni_trio.scheduling.threaded import ThreadedSimpleScheduler
 
 __all__ = [
     "IncomingMessage",
+    "Outbox",
     "OutgoingMessage",
     "QueueFullError",
     "SessionContext",

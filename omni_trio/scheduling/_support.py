@@ -135,10 +135,21 @@ async def _await(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop) -> Any:
-    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``."""
+def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop | None) -> Any:
+    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``.
+
+    ``loop`` None means ``fn`` runs on the stage's event loop (inline), where
+    nothing may be awaited: an awaitable result raises TypeError.
+    """
     result = fn(*args)
     if inspect.isawaitable(result):
+        if loop is None:
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(
+                f"{getattr(fn, '__qualname__', fn)!r} returned an awaitable, but inline compute must be "
+                "synchronous; drop inline=True to run async compute on the scheduler thread"
+            )
         return loop.run(result)
     return result
 

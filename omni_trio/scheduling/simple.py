@@ -28,7 +28,8 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
-from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.outbox import Outbox
+from omni_trio.scheduling.protocol import IncomingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,14 @@ class SimpleScheduler(BatchingOptions):
     ``max_pending`` bounds the requests waiting to start: :meth:`enqueue` of
     a further ``new_request`` raises :class:`QueueFullError` (the stage fails
     that request, which the caller sees as ``RequestFailed``). None: unbounded.
+
+    ``inline=True`` is for a ``compute_fn`` that is quick and never blocks
+    (routing, light preprocessing, a merge): it runs in :meth:`enqueue`, on
+    the stage's event loop, which saves the two thread hand-offs per request
+    that the scheduler thread costs. Anything that blocks (a model, I/O)
+    would stall every stage of the process, so inline mode takes a
+    synchronous ``compute_fn`` only, one request at a time: no batching, no
+    ``max_concurrency``.
     """
 
     def __init__(
@@ -72,13 +81,20 @@ class SimpleScheduler(BatchingOptions):
         shutdown_callback: Callable[[], object] | None = None,
         request_arrival_hook: Callable[[Any], object] | None = None,
         max_pending: int | None = None,
+        inline: bool = False,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
         self.max_concurrency = max(int(max_concurrency), 1)
         if self.max_concurrency > 1 and batch_compute_fn is not None:
             raise ValueError("max_concurrency > 1 and batch_compute_fn are mutually exclusive")
+        if inline and (batch_compute_fn is not None or self.max_concurrency > 1):
+            raise ValueError(
+                "inline=True runs compute_fn on the stage's event loop one request at a time: "
+                "drop batch_compute_fn and max_concurrency, or drop inline"
+            )
+        self.inline = inline
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.outbox = Outbox()
         self.compute_fn = compute_fn
         self._init_batching(
             batch_compute_fn, max_batch_size, max_batch_wait_ms, batch_wait_when_idle, request_cost_fn, max_batch_cost
@@ -139,7 +155,10 @@ class SimpleScheduler(BatchingOptions):
         refuse_if_full(self.max_pending, msg, self.inbox, self.pending_messages)
         if msg.type == "new_request" and self.request_arrival_hook is not None:
             self.request_arrival_hook(msg.data)
-        self.inbox.put(msg)
+        if not self.inline:
+            self.inbox.put(msg)
+        elif msg.type == "new_request" and not self._skip_before_compute(msg):
+            self._run_one(msg, None)
 
     def is_aborted(self, request_id: str) -> bool:
         """Whether ``request_id`` was aborted here.
@@ -298,7 +317,7 @@ class SimpleScheduler(BatchingOptions):
     # Shared by both modes
     # ------------------------------------------------------------------
 
-    def _run_one(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
+    def _run_one(self, msg: IncomingMessage, loop: ThreadLoop | None) -> None:
         request_id = msg.request_id
         try:
             result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)

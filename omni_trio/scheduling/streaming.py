@@ -31,6 +31,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.simple import BatchComputeFn, ComputeFn
 
@@ -78,7 +79,7 @@ class StreamingSimpleScheduler(BatchingOptions):
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.outbox = Outbox()
         self.compute_fn = compute_fn
         self._init_batching(
             batch_compute_fn, max_batch_size, max_batch_wait_ms, batch_wait_when_idle, request_cost_fn, max_batch_cost

@@ -27,7 +27,8 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
-from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.outbox import Outbox
+from omni_trio.scheduling.protocol import IncomingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ThreadedSimpleScheduler:
                 raise ValueError("max_concurrency=None (no cap) is only allowed with dispatch_fn")
         self.max_pending = checked_max_pending(max_pending)
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.outbox = Outbox()
         self.compute_fn = compute_fn
         self.dispatch_fn = dispatch_fn
         self.max_concurrency = None if max_concurrency is None else max(int(max_concurrency), 1)

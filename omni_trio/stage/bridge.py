@@ -5,22 +5,29 @@ never block. Two crossings, neither of which polls:
 
 * :class:`SchedulerThread` runs ``warm_up_serving_thread()`` then ``start()``
   and reports "warm" and "finished" to trio through the ``TrioToken``.
-* :class:`OutboxPump` is a thread that blocks on ``outbox.get()`` and hands
-  what it took, up to 64 messages at a time, to a trio memory channel.
-  A semaphore bounds the batches in flight, so a slow drain throttles the
-  pump instead of copying the outbox into trio's memory. It stops at the
-  ``wakeup`` sentinel, which the stage puts into the outbox when it stops.
+* The stage's drain takes the outbox in batches of up to 64 messages from
+  an :func:`outbox_source`: for an :class:`~omni_trio.scheduling.Outbox`
+  (every built-in scheduler's) an :class:`OutboxWaiter`, which takes what is
+  queued and otherwise arms the outbox to wake it on the next ``put``; for
+  any other ``queue.Queue`` an :class:`OutboxPump`, a thread that blocks on
+  ``outbox.get()`` and hands batches to a trio memory channel (one more
+  thread hand-off per batch). A semaphore bounds the pump's batches in
+  flight, so a slow drain throttles it instead of copying the outbox into
+  trio's memory. The pump stops at the ``wakeup`` sentinel, which the stage
+  puts into the outbox when it stops.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
+from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import OutgoingMessage
 
 #: Messages handled back to back before the drain yields (SPEC §3.4).
@@ -76,13 +83,70 @@ class SchedulerThread:
         return self._thread.is_alive()
 
 
+class OutboxSource(Protocol):
+    """Where the stage's drain takes its scheduler's messages from, a batch at a time."""
+
+    def start(self) -> None:
+        """Begin delivering."""
+
+    async def next_batch(self) -> list[OutgoingMessage]:
+        """The next 1..64 messages, in outbox order; waits (without polling) while there are none."""
+        ...
+
+    def close(self) -> None:
+        """Nobody drains any more: release whatever waits on the source."""
+
+
+def outbox_source(stage_name: str, outbox: queue.Queue[OutgoingMessage]) -> OutboxSource:
+    """The cheapest way to drain ``outbox``: wake-on-put for an :class:`Outbox`, else a pump thread."""
+    if isinstance(outbox, Outbox):
+        return OutboxWaiter(outbox)
+    return OutboxPump(stage_name, outbox)
+
+
+class OutboxWaiter:
+    """Drains an :class:`Outbox` on trio's thread; the outbox's ``put`` wakes it."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+
+    def start(self) -> None:
+        """Nothing to start: no thread is needed."""
+
+    async def next_batch(self) -> list[OutgoingMessage]:
+        """Take what is queued, else sleep until the next put."""
+        while True:
+            arrived = trio.Event()
+            batch = self._outbox.take_or_arm(DRAIN_BATCH, functools.partial(self._wake, arrived))
+            if batch:
+                return batch
+            try:
+                await arrived.wait()
+            except BaseException:
+                self._outbox.disarm()
+                raise
+
+    def _wake(self, arrived: trio.Event) -> None:
+        # Runs on the putting thread, inside the outbox's lock: never block here.
+        if threading.get_ident() == self._trio_thread:
+            arrived.set()
+        else:
+            _post(self._token, arrived.set)
+
+    def close(self) -> None:
+        """Disarm the outbox: nobody drains any more."""
+        self._outbox.disarm()
+
+
 class OutboxPump:
-    """Moves a scheduler's outbox into trio, a batch per wake-up."""
+    """Moves a plain ``queue.Queue`` outbox into trio, a batch per wake-up, through a thread."""
 
     def __init__(self, stage_name: str, outbox: queue.Queue[OutgoingMessage]) -> None:
         self._outbox = outbox
         self._token = trio.lowlevel.current_trio_token()
-        self._send, self.batches = trio.open_memory_channel[list[OutgoingMessage]](math.inf)
+        self._send, self._batches = trio.open_memory_channel[list[OutgoingMessage]](math.inf)
         self._permits = threading.Semaphore(_BATCHES_IN_FLIGHT)
         self._closed = False
         self._thread = threading.Thread(target=self._body, name=f"outbox-{stage_name}", daemon=True)
@@ -91,9 +155,11 @@ class OutboxPump:
         """Start pumping."""
         self._thread.start()
 
-    def batch_taken(self) -> None:
-        """Called by the drain for every batch it received: frees a slot for the pump."""
+    async def next_batch(self) -> list[OutgoingMessage]:
+        """The next batch the pump took; frees its slot for the pump."""
+        batch = await self._batches.receive()
         self._permits.release()
+        return batch
 
     def close(self) -> None:
         """Nobody drains any more: let the pump thread finish instead of waiting for a slot."""

@@ -26,7 +26,7 @@ from omni_trio.errors import StageStartupError
 from omni_trio.idset import BoundedIdSet
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
-from omni_trio.stage.bridge import OutboxPump, SchedulerThread
+from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
@@ -147,11 +147,11 @@ class Stage:
             raise StageStartupError(
                 f"stage {self.name!r}: scheduler warm-up failed: {describe_error(self._thread.warm_up_error)}"
             ) from self._thread.warm_up_error
-        pump = OutboxPump(self.name, self.scheduler.outbox)
-        pump.start()
+        source = outbox_source(self.name, self.scheduler.outbox)
+        source.start()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._drain, pump)
+                nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
                 await self._stop_requested.wait()
@@ -161,7 +161,7 @@ class Stage:
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
-                pump.close()
+                source.close()
             self.stopped.set()
 
     def stop(self) -> None:
@@ -175,7 +175,7 @@ class Stage:
             log.warning("scheduler_stop_failed", stage=self.name, error=describe_error(exc))
 
     def _stop_threads(self) -> None:
-        """Stop the scheduler and make the outbox pump's thread exit."""
+        """Stop the scheduler and make an outbox pump's thread exit."""
         self._stop_scheduler()
         self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
 
@@ -367,10 +367,10 @@ class Stage:
 
     # ------------------------------------------------------------------ outbox drain
 
-    async def _drain(self, pump: OutboxPump) -> None:
+    async def _drain(self, source: OutboxSource) -> None:
         try:
-            async for batch in pump.batches:
-                pump.batch_taken()
+            while True:
+                batch = await source.next_batch()
                 if await self._handle_batch(batch):
                     return
                 # Let co-located stages run between batches (SPEC §3.4).

@@ -345,3 +345,69 @@ def test_abort_callback_errors_are_logged_not_raised() -> None:
     scheduler = SimpleScheduler(lambda p: p, abort_callback=callback)
     scheduler.abort("r1")
     assert scheduler.is_aborted("r1")
+
+
+# ----------------------------------------------------------------------------- inline mode
+
+
+def test_inline_compute_runs_in_enqueue_on_the_calling_thread() -> None:
+    seen: list[int] = []
+
+    def compute(payload: StagePayload) -> StagePayload:
+        seen.append(threading.get_ident())
+        return tag(payload, "done")
+
+    scheduler = SimpleScheduler(compute, inline=True)
+    scheduler.enqueue(new_request("r1"))
+    # No serving thread: the result is already there.
+    out = scheduler.outbox.get_nowait()
+    assert (out.request_id, out.type, out.data.data) == ("r1", "result", "done")
+    assert seen == [threading.get_ident()]
+
+
+def test_inline_compute_errors_fail_only_their_request() -> None:
+    def compute(payload: StagePayload) -> StagePayload:
+        if payload.data == "poison":
+            raise ValueError("bad input")
+        return payload
+
+    scheduler = SimpleScheduler(compute, inline=True)
+    scheduler.enqueue(new_request("bad", "poison"))
+    scheduler.enqueue(new_request("good", "fine"))
+    bad, good = scheduler.outbox.get_nowait(), scheduler.outbox.get_nowait()
+    assert (bad.request_id, bad.type) == ("bad", "error") and isinstance(bad.data, ValueError)
+    assert (good.request_id, good.type) == ("good", "result")
+
+
+def test_inline_refuses_an_async_compute_fn_with_a_hint() -> None:
+    async def compute(payload: StagePayload) -> StagePayload:
+        return payload
+
+    scheduler = SimpleScheduler(compute, inline=True)
+    scheduler.enqueue(new_request("r1"))
+    out = scheduler.outbox.get_nowait()
+    assert out.type == "error" and isinstance(out.data, TypeError)
+    assert "inline compute must be synchronous" in str(out.data) and "drop inline=True" in str(out.data)
+
+
+def test_inline_skips_aborted_requests() -> None:
+    calls: list[str] = []
+    scheduler = SimpleScheduler(lambda payload: calls.append(payload.request_id), inline=True)
+    scheduler.abort("r1")
+    scheduler.enqueue(new_request("r1"))
+    assert calls == [] and scheduler.outbox.empty()
+
+
+@pytest.mark.parametrize(
+    "options", [{"batch_compute_fn": lambda payloads: payloads, "max_batch_size": 4}, {"max_concurrency": 2}]
+)
+def test_inline_excludes_batching_and_concurrency(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="inline=True runs compute_fn on the stage's event loop"):
+        SimpleScheduler(lambda payload: payload, inline=True, **options)
+
+
+def test_inline_scheduler_thread_still_stops() -> None:
+    scheduler = SimpleScheduler(lambda payload: payload, inline=True)
+    with serving(scheduler):
+        scheduler.enqueue(new_request("r1"))
+        assert get(scheduler.outbox).request_id == "r1"
