@@ -63,11 +63,14 @@ class CommConfig:
 
     ``slot_size_mb`` caps one transfer (a larger payload fails its request);
     ``credits`` is the number of transfers to one target that may be
-    outstanding (sent, not yet acknowledged) before the sender waits.
+    outstanding (sent, not yet acknowledged) before the sender waits;
+    ``pool_mb`` bounds the stage's pool of reusable shared-memory slots
+    (transfers up to half of it are pooled; 0 turns pooling off).
     """
 
     slot_size_mb: int = 512
     credits: int = 2
+    pool_mb: int = 256
 
 
 @attrs.frozen
@@ -265,6 +268,10 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         )
     if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
         problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
+    if stage.comm is not None and (
+        not isinstance(stage.comm.pool_mb, int) or isinstance(stage.comm.pool_mb, bool) or stage.comm.pool_mb < 0
+    ):
+        problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
     if stage.restart not in RESTART_POLICIES:
         problems.append(
             ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")

@@ -121,6 +121,7 @@ def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix
         tracer=tracer,
         credits={stage.name: stage.comm.credits for stage in with_comm if stage.comm},
         max_transfer_bytes={stage.name: stage.comm.slot_size_mb << 20 for stage in with_comm if stage.comm},
+        pool_bytes={stage.name: stage.comm.pool_mb << 20 for stage in with_comm if stage.comm},
         gpu_stages=frozenset(stage.name for stage in config.stages if stage.gpu is not None),
     )
 

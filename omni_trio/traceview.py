@@ -349,11 +349,19 @@ def _instants(events: Sequence[dict[str, Any]], tracks: _Tracks, us: Any) -> lis
         args = {key: value for key, value in event.items() if key not in ("event", "ts_ns", "process")}
         out.append({
             "ph": "i", "s": "t", "cat": "stream",
-            "name": f"chunk {event.get('chunk_id')} {verb} {event.get('from_stage')}->{event.get('to_stage')}",
+            "name": f"{_chunk_label(event)} {verb} {event.get('from_stage')}->{event.get('to_stage')}",
             "pid": tracks.pid(process), "tid": tracks.tid(process, thread), "ts": us(int(event["ts_ns"])),
             "args": args,
         })
     return out
+
+
+def _chunk_label(event: dict[str, Any]) -> str:
+    """``chunk 3``, or ``chunks 3-9`` for a run of chunks that travelled as one message."""
+    first, count = event.get("chunk_id"), event.get("chunk_count", 1)
+    if isinstance(first, int) and isinstance(count, int) and count > 1:
+        return f"chunks {first}-{first + count - 1}"
+    return f"chunk {first}"
 
 
 def _request_spans(events: Sequence[dict[str, Any]], tracks: _Tracks, us: Any) -> list[dict[str, Any]]:

@@ -258,6 +258,27 @@ def create_sized_streamer() -> SizedStreamer:
     return SizedStreamer()
 
 
+class BurstStreamer(QueueScheduler):
+    """Streams chunk ``i`` = ``full((numels[i],), i)`` for the ``numels`` param, then its payload, all
+    put into the outbox at once (one burst), so the stage finds every chunk queued together."""
+
+    def serve(self, msg: Any) -> None:
+        import torch
+
+        burst = [
+            OutgoingMessage(msg.request_id, "stream", data=torch.full((int(n),), float(i)))
+            for i, n in enumerate(msg.data.request.params["numels"])
+        ]
+        burst.append(OutgoingMessage(msg.request_id, "result", data=msg.data))
+        with self.outbox.mutex:
+            self.outbox.queue.extend(burst)
+            self.outbox.not_empty.notify()
+
+
+def create_burst_streamer() -> BurstStreamer:
+    return BurstStreamer()
+
+
 class Swallow(QueueScheduler):
     """Takes requests and never answers (a stand-in upstream whose output a test forges)."""
 

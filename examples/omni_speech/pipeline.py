@@ -212,11 +212,14 @@ def stream_timing(events: list[dict[str, Any]], request_id: str) -> list[StreamT
     """Per stream edge: chunks sent, first and last send (``comm_stream_send``: edges between processes)."""
     start = _submitted_ns(events, request_id)
     sends: dict[tuple[str, str], list[int]] = defaultdict(list)
+    chunks: dict[tuple[str, str], int] = defaultdict(int)
     for event in events:
         if event["event"] == "comm_stream_send" and event.get("request_id") == request_id:
-            sends[(event["from_stage"], event["to_stage"])].append(event["ts_ns"])
+            edge = (event["from_stage"], event["to_stage"])
+            sends[edge].append(event["ts_ns"])
+            chunks[edge] += event["chunk_count"]  # a run of small chunks travels as one message
     return [
-        StreamTime(src, dst, len(ts), (min(ts) - start) / 1e6, (max(ts) - start) / 1e6)
+        StreamTime(src, dst, chunks[(src, dst)], (min(ts) - start) / 1e6, (max(ts) - start) / 1e6)
         for (src, dst), ts in sorted(sends.items(), key=lambda item: min(item[1]))
     ]
 

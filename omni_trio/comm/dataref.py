@@ -16,7 +16,10 @@ Layouts:
 * ``raw_tensor`` (a single tensor): ``shape``/``dtype``/``device``/``offset``.
 
 ``buffer`` is ``{transport, info, length}``: ``info`` is the relay's put
-metadata verbatim (shm: ``{"shm_name", "size"}`` with ``size == length``).
+metadata verbatim (shm: ``{"shm_name", "size"}`` with ``size == length``, plus
+``"segment_size"`` (>= ``size``) and ``"lease"`` (>= 0) for a pooled slot,
+whose tensors the receiver views in place and whose release it reports; see
+:mod:`omni_trio.comm.shm`).
 It may be absent when there are no bytes to move (a tensor-free payload
 whose header travels inline).
 """
@@ -101,6 +104,19 @@ class BufferRef:
                 raise ValueError("shm buffer info needs a non-empty 'shm_name'")
             if size != self.length or type(size) is not int:
                 raise ValueError(f"shm buffer info size {size!r} != buffer length {self.length}")
+            if ("segment_size" in self.info) != ("lease" in self.info):
+                raise ValueError("shm buffer info needs both 'segment_size' and 'lease', or neither")
+            if "lease" in self.info:
+                segment_size, lease = self.info["segment_size"], self.info["lease"]
+                if not _nonneg_int(segment_size) or segment_size < self.length or segment_size < 1:
+                    raise ValueError(f"shm buffer info segment_size {segment_size!r} < buffer length {self.length}")
+                if not _nonneg_int(lease):
+                    raise ValueError(f"shm buffer info lease must be an int >= 0, got {lease!r}")
+
+    @property
+    def pooled(self) -> bool:
+        """True for a pooled shared-memory slot (the receiver views it and releases it)."""
+        return self.transport is TransportKind.shm and "lease" in self.info
 
 
 def _element_size(dtype: str) -> int:
@@ -201,11 +217,13 @@ class DataRef:
         return ref
 
 
-# The version is part of the wire contract: always write it, even though it
-# equals its default (the shared converter omits defaults).
+# Fields equal to their default stay off the wire (an inline ref is four keys and a header), but the
+# version is part of the wire contract: always write it.
 converter.register_unstructure_hook(
     DataRef,
-    make_dict_unstructure_fn(DataRef, converter, version=override(omit_if_default=False)),
+    make_dict_unstructure_fn(
+        DataRef, converter, _cattrs_omit_if_default=True, version=override(omit_if_default=False)
+    ),
 )
 
 

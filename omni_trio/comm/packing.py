@@ -178,46 +178,54 @@ def _map_containers(
     receives a lazy path description, used only for error messages.
     Cycles raise ValueError instead of recursing forever.
     """
-    active: set[int] = set()
+    return _walk(obj, lambda: "<root>", leaf, set())
 
-    def walk(node: object, where: Callable[[], str]) -> object:
-        if isinstance(node, dict):
-            container_id = id(node)
-            if container_id in active:
-                raise ValueError(f"cyclic container at {where()}")
-            active.add(container_id)
-            try:
-                items: list[tuple[Any, Any]] = []
-                changed = False
-                for key, value in node.items():
-                    new_value = walk(value, _item_path(where, key))
-                    changed = changed or new_value is not value
-                    items.append((key, new_value))
-            finally:
-                active.discard(container_id)
-            return _rebuild_dict(node, items) if changed else node
-        if isinstance(node, (list, tuple)):
-            container_id = id(node)
-            if container_id in active:
-                raise ValueError(f"cyclic container at {where()}")
-            active.add(container_id)
-            try:
-                elems: list[Any] = []
-                changed = False
-                for i, value in enumerate(node):
-                    new_value = walk(value, _item_path(where, i))
-                    changed = changed or new_value is not value
-                    elems.append(new_value)
-            finally:
-                active.discard(container_id)
-            if not changed:
-                return node
-            if isinstance(node, list):
-                return _rebuild_list(node, elems)
-            return _rebuild_tuple(node, elems)
-        return leaf(node, where)
 
-    return walk(obj, lambda: "<root>")
+def _walk(
+    node: object,
+    where: Callable[[], str],
+    leaf: Callable[[object, Callable[[], str]], object],
+    active: set[int],
+) -> object:
+    # A module-level function, not a closure that calls itself: such a closure
+    # is a reference cycle (through its own cell) that keeps ``leaf``, and what
+    # ``leaf`` captured (restore's received tensors, possibly views of a pooled
+    # shared-memory slot), alive until the cyclic garbage collector runs.
+    if isinstance(node, dict):
+        container_id = id(node)
+        if container_id in active:
+            raise ValueError(f"cyclic container at {where()}")
+        active.add(container_id)
+        try:
+            items: list[tuple[Any, Any]] = []
+            changed = False
+            for key, value in node.items():
+                new_value = _walk(value, _item_path(where, key), leaf, active)
+                changed = changed or new_value is not value
+                items.append((key, new_value))
+        finally:
+            active.discard(container_id)
+        return _rebuild_dict(node, items) if changed else node
+    if isinstance(node, (list, tuple)):
+        container_id = id(node)
+        if container_id in active:
+            raise ValueError(f"cyclic container at {where()}")
+        active.add(container_id)
+        try:
+            elems: list[Any] = []
+            changed = False
+            for i, value in enumerate(node):
+                new_value = _walk(value, _item_path(where, i), leaf, active)
+                changed = changed or new_value is not value
+                elems.append(new_value)
+        finally:
+            active.discard(container_id)
+        if not changed:
+            return node
+        if isinstance(node, list):
+            return _rebuild_list(node, elems)
+        return _rebuild_tuple(node, elems)
+    return leaf(node, where)
 
 
 def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
@@ -381,7 +389,7 @@ def unpack_tensors(
     out: dict[str, torch.Tensor] = {}
     for entry in entries:
         dtype = dtype_from_str(entry.dtype)
-        elem = torch.empty(0, dtype=dtype).element_size()
+        elem = dtype.itemsize
         if any(d < 0 for d in entry.shape):
             raise LayoutError(f"tensor {entry.path!r} has a negative dimension {entry.shape}")
         numel = math.prod(entry.shape)
@@ -402,7 +410,7 @@ def unpack_tensors(
             except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
                 raise LayoutError(f"tensor {entry.path!r}: {exc}") from None
         try:
-            device = _receiver_device(entry.device, base.device, target)
+            device = None if entry.device == "cpu" else _receiver_device(entry.device, base.device, target)
         except RuntimeError as exc:  # torch.device() of a malformed device string
             raise LayoutError(f"tensor {entry.path!r}: bad device {entry.device!r}") from exc
         if device is not None:

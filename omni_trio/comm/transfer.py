@@ -5,8 +5,11 @@
 * **inline** — the pickled object travels inside the control message, with
   no relay and no ACK;
 * **shm** — tensors are packed into one shared-memory segment (one transfer,
-  one credit of the target), the tensor-free rest is pickled as the header;
-  the receiver reads, unlinks and ACKs.
+  one credit of the target), the tensor-free rest is pickled as the header.
+  For a pooled slot the receiver builds its tensors as views of the slot (no
+  copy) and reports, through ``on_release``, when the last of them is gone;
+  for a one-shot segment it copies the bytes out and unlinks it. Either way
+  it ACKs the read.
 
 Which one is :mod:`omni_trio.comm.router`'s decision.
 
@@ -19,37 +22,48 @@ from __future__ import annotations
 
 import pickle
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from omni_trio.comm.dataref import DataRef, DataRefKind, Layout, TransportKind, shm_buffer
+from omni_trio.comm.layout import TensorEntry
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
-from omni_trio.comm.shm import ShmPut, ShmRelay, read_segment
+from omni_trio.comm.shm import SegmentCache, ShmPut, ShmRelay, read_segment
 from omni_trio.payload import OmniRequest, StagePayload
 
 if TYPE_CHECKING:
     import torch
 
-def _compact(tensor: torch.Tensor) -> torch.Tensor:
-    """A small view of a big tensor must not drag its whole storage into a pickle."""
-    tensor = tensor.detach()
-    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
-        return tensor.contiguous().clone()
-    return tensor
+@attrs.frozen
+class _PackedInline:
+    """An inline object whose tensors travel beside it as packed bytes.
+
+    torch pickles a tensor in tens of microseconds (and unpickles it in
+    more); packing its bytes costs about one, which is what makes a stream
+    of small tensor chunks cheap. ``obj`` holds placeholders where the
+    tensors were, as the header of a shared-memory transfer does.
+    """
+
+    obj: Any
+    entries: tuple[TensorEntry, ...]
+    data: bytearray
 
 
 def _inline_header(
     wrap: Callable[[Any], Any], stripped: object, tensors: dict[str, torch.Tensor]
 ) -> bytes | None:
-    """The pickled object with its tensors, or None when it exceeds the inline limit."""
+    """The pickled object with its tensors packed beside it, or None when it exceeds the inline limit."""
     if not tensors:
         return pickle.dumps(wrap(stripped), protocol=pickle.HIGHEST_PROTOCOL)
-    from omni_trio.comm.packing import restore
+    from omni_trio.comm.packing import pack_tensors, write_packed
 
-    compact = {path: _compact(t) for path, t in tensors.items()}
-    header = pickle.dumps(wrap(restore(stripped, compact)), protocol=pickle.HIGHEST_PROTOCOL)
+    total, entries = pack_tensors(tensors)
+    data = bytearray(total)
+    write_packed(memoryview(data), tensors, entries)
+    header = pickle.dumps(_PackedInline(wrap(stripped), tuple(entries), data), protocol=pickle.HIGHEST_PROTOCOL)
     return header if len(header) <= INLINE_LIMIT else None
 
 
@@ -86,6 +100,55 @@ def _unwrap(header: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
     return header.payload(parts) if isinstance(header, _PayloadParts) else parts
 
 
+def _split(obj: object) -> tuple[Callable[[Any], Any], object, dict[str, torch.Tensor]]:
+    """How to wrap ``obj`` for the wire, ``obj`` with tensors replaced by placeholders, and its tensors."""
+    wrap, walkable = _walkable(obj)
+    if "torch" not in sys.modules:
+        # No tensor can exist in a process that never imported torch: skip the walk.
+        return wrap, walkable, {}
+    from omni_trio.comm.packing import extract_tensors
+
+    stripped, tensors = extract_tensors(walkable)
+    return wrap, stripped, tensors
+
+
+def _inline_ref(
+    wrap: Callable[[Any], Any],
+    stripped: object,
+    tensors: dict[str, torch.Tensor],
+    *,
+    sender: str,
+    target: str,
+    object_id: str,
+    kind: DataRefKind,
+    gpu_peers: bool,
+) -> DataRef | None:
+    """The inline DataRef of a split object, or None when the router does not send it inline."""
+    transport = choose_transport(
+        (t.device.type for t in tensors.values()),
+        sum(t.numel() * t.element_size() for t in tensors.values()),
+        sender=sender,
+        receiver=target,
+        gpu_peers=gpu_peers,
+    )
+    header = _inline_header(wrap, stripped, tensors) if transport is TransportKind.inline else None
+    if header is None:
+        return None
+    return DataRef(
+        kind=kind, object_id=object_id, transport=TransportKind.inline, layout=Layout.packed_tensors, header=header
+    )
+
+
+def encode_inline(
+    obj: object, *, sender: str, target: str, object_id: str, kind: DataRefKind, gpu_peers: bool = False
+) -> DataRef | None:
+    """``obj``'s inline DataRef (what :func:`encode_object` sends inline), or None if it would not go inline."""
+    wrap, stripped, tensors = _split(obj)
+    return _inline_ref(
+        wrap, stripped, tensors, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+    )
+
+
 async def encode_object(
     obj: object,
     *,
@@ -102,26 +165,11 @@ async def encode_object(
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
-    wrap, walkable = _walkable(obj)
-    if "torch" not in sys.modules:
-        # No tensor can exist in a process that never imported torch: skip the walk.
-        stripped, tensors = walkable, dict[str, "torch.Tensor"]()
-    else:
-        from omni_trio.comm.packing import extract_tensors
-
-        stripped, tensors = extract_tensors(walkable)
-    transport = choose_transport(
-        (t.device.type for t in tensors.values()),
-        sum(t.numel() * t.element_size() for t in tensors.values()),
-        sender=sender,
-        receiver=target,
-        gpu_peers=gpu_peers,
+    wrap, stripped, tensors = _split(obj)
+    ref = _inline_ref(
+        wrap, stripped, tensors, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers
     )
-    header = _inline_header(wrap, stripped, tensors) if transport is TransportKind.inline else None
-    if header is not None:
-        ref = DataRef(
-            kind=kind, object_id=object_id, transport=TransportKind.inline, layout=Layout.packed_tensors, header=header
-        )
+    if ref is not None:
         return ref, None
     from omni_trio.comm.packing import pack_tensors, write_packed
 
@@ -151,16 +199,77 @@ def _copy_out(view: memoryview) -> torch.Tensor:
     return buffer
 
 
-async def decode_object(ref: DataRef, *, shm_prefix: str | None = None) -> Any:
-    """Rebuild the object a DataRef points to (reading and unlinking its segment)."""
+async def decode_object(
+    ref: DataRef,
+    *,
+    shm_prefix: str | None = None,
+    segments: SegmentCache | None = None,
+    on_release: Callable[[], None] | None = None,
+) -> Any:
+    """Rebuild the object a DataRef points to.
+
+    One-shot segment: read (copied out) and unlinked. Pooled slot
+    (``ref.buffer.pooled``): with ``segments``, the tensors are views of the
+    slot's cached mapping, and ``on_release()`` is called once none of them is
+    alive any more (from whichever thread drops the last one, possibly inside
+    the garbage collector: it must be thread-safe and must not block). Without
+    ``segments`` the slot is copied out and ``on_release()`` called before
+    returning. ``on_release`` may also be called when the decode fails after
+    the slot was mapped.
+    """
     if ref.header is None:
         raise ValueError(f"DataRef {ref.object_id} has no header")
     if ref.transport is TransportKind.inline:
-        return _unwrap(pickle.loads(ref.header), None)
+        header = pickle.loads(ref.header)
+        if isinstance(header, _PackedInline):
+            from omni_trio.comm.packing import unpack_tensors
+
+            return _unwrap(header.obj, unpack_tensors(header.data, header.entries))
+        return _unwrap(header, None)
     if ref.transport is not TransportKind.shm or ref.buffer is None:
         raise ValueError(f"DataRef {ref.object_id}: transport {ref.transport} is not available in this runtime")
     from omni_trio.comm.packing import unpack_tensors
 
     info = ref.buffer.info
-    buffer = await read_segment(info["shm_name"], ref.buffer.length, _copy_out, prefix=shm_prefix)
-    return _unwrap(pickle.loads(ref.header), unpack_tensors(buffer, ref.tensors))
+    if not ref.buffer.pooled:
+        buffer = await read_segment(info["shm_name"], ref.buffer.length, _copy_out, prefix=shm_prefix)
+        return _unwrap(pickle.loads(ref.header), unpack_tensors(buffer, ref.tensors))
+    if segments is None:
+        cache = SegmentCache(max_bytes=0)
+        try:
+            owner = await cache.view(info["shm_name"], info["segment_size"], ref.buffer.length, prefix=shm_prefix)
+            import torch
+
+            buffer = torch.from_numpy(owner).clone()
+            del owner
+        finally:
+            cache.clear()
+            if on_release is not None:
+                on_release()
+        return _unwrap(pickle.loads(ref.header), unpack_tensors(buffer, ref.tensors))
+    return await _decode_pooled(ref, segments, shm_prefix, on_release)
+
+
+async def _decode_pooled(
+    ref: DataRef, segments: SegmentCache, shm_prefix: str | None, on_release: Callable[[], None] | None
+) -> Any:
+    import torch
+
+    from omni_trio.comm.packing import unpack_tensors
+
+    assert ref.buffer is not None and ref.header is not None
+    name = ref.buffer.info["shm_name"]
+    owner = await segments.view(name, ref.buffer.info["segment_size"], ref.buffer.length, prefix=shm_prefix)
+    if on_release is not None:
+        # Every tensor made below keeps ``owner`` alive (torch.from_numpy holds
+        # it, views share that storage): its finalizer runs when the last one
+        # is gone. Not at interpreter exit: the sender unlinks its slots itself.
+        weakref.finalize(owner, on_release).atexit = False
+    try:
+        tensors = unpack_tensors(torch.from_numpy(owner), ref.tensors)
+        del owner
+        return _unwrap(pickle.loads(ref.header), tensors)
+    except BaseException:
+        # The sender retires a slot whose read failed: do not keep mapping it.
+        segments.discard(name)
+        raise

@@ -19,7 +19,7 @@ import trio
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
-from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint
+from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import get_logger
@@ -179,8 +179,16 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
         await endpoint.receive_object(DataRef.from_wire(message.data_ref), request_id, stage, COORDINATOR, deliver)
 
     async def on_stream(message: m.Stream) -> None:
-        async def deliver(chunk: Any) -> None:
-            coordinator.on_stream(message.request_id, message.from_stage, chunk, message.chunk_id, message.modality)
+        async def deliver(chunks: Any) -> None:
+            try:
+                data = chunk_list(chunks, message.chunk_count)
+            except ValueError as exc:
+                error = f"stream chunks for the caller: {exc}"
+                coordinator.on_complete(message.request_id, message.from_stage, error=error)
+                return
+            for offset, chunk in enumerate(data):
+                chunk_id = message.chunk_id + offset
+                coordinator.on_stream(message.request_id, message.from_stage, chunk, chunk_id, message.modality)
 
         await endpoint.receive_object(
             DataRef.from_wire(message.data_ref),
@@ -188,7 +196,7 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
             message.from_stage,
             COORDINATOR,
             deliver,
-            chunk_id=message.chunk_id,
+            chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
         )
 
     endpoint.handlers[m.Complete] = on_complete

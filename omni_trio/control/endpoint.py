@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +32,8 @@ import zmq
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
-from omni_trio.comm.shm import ShmPut, ShmRelay
-from omni_trio.comm.transfer import decode_object, encode_object
+from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
+from omni_trio.comm.transfer import decode_object, encode_inline, encode_object
 from omni_trio.control import messages as m
 from omni_trio.control.codec import MalformedMessage, decode, encode
 from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
@@ -142,6 +143,7 @@ class Endpoint:
         credits: dict[str, int] | None = None,
         max_transfer_bytes: dict[str, int] | None = None,
         gpu_stages: frozenset[str] = frozenset(),
+        pool_bytes: dict[str, int] | None = None,
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -164,7 +166,13 @@ class Endpoint:
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
+        self._pool_bytes = pool_bytes or {}
         self._pending: dict[str, _PendingTransfer] = {}
+        # Receiving: mappings of peers' pooled slots; slot releases waiting to be sent.
+        self._segments = SegmentCache()
+        self._releases: deque[tuple[str, m.SlotRelease]] = deque()
+        self._releasing = False
+        self.handlers[m.SlotRelease] = self._on_slot_release
         self._transports: dict[str, TransportLog] = {}
         self._sequence = itertools.count()
         self._lanes = Lanes()
@@ -217,6 +225,10 @@ class Endpoint:
             self._pending.clear()
             for relay in self._relays.values():
                 await relay.aclose()
+            # Views already handed out keep their mappings; releases are moot
+            # now (each sender unlinks its own slots when it closes).
+            self._segments.clear()
+            self._releases.clear()
             for sock in [*self._push.values(), *self._adopted, *([self._pull] if self._pull else [])]:
                 sock.close()
             self._push.clear()
@@ -245,6 +257,7 @@ class Endpoint:
                 f"{self.shm_prefix}-{len(self._relays)}",
                 credits_per_target=self._credits.get(sender, 2),
                 max_transfer_bytes=self._max_transfer.get(sender, 512 << 20),
+                pool_bytes=self._pool_bytes.get(sender, DEFAULT_POOL_BYTES),
             )
         return relay
 
@@ -269,25 +282,31 @@ class Endpoint:
         kind: DataRefKind,
         direction: str,
         make: Callable[[dict[str, Any]], m.ControlMessage],
-        chunk_id: int | None = None,
-    ) -> None:
+        chunk_ids: range | None = None,
+        inline_only: bool = False,
+    ) -> bool:
         """Write ``obj`` for ``receiver`` (inline or shared memory) and send the message ``make(data_ref)``.
 
         A shared-memory transfer is tracked until its ACK; a failed or missing
-        ACK fails ``request_id`` at ``sender``.
+        ACK fails ``request_id`` at ``sender``. With ``inline_only`` an object
+        that would not travel inline is not sent: the result is False.
         """
         start = time.monotonic()
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
-        ref, put = await encode_object(
-            obj,
-            relay=relay,
-            sender=sender,
-            target=receiver,
-            object_id=object_id,
-            kind=kind,
-            gpu_peers=sender in self._gpu_stages and receiver in self._gpu_stages,
-        )
+        gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
+        put: ShmPut | None = None
+        if inline_only:
+            inline = encode_inline(
+                obj, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+            )
+            if inline is None:
+                return False
+            ref = inline
+        else:
+            ref, put = await encode_object(
+                obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+            )
         written = time.monotonic()
         self.transports(sender).note(direction, receiver, ref.transport.value)
         pending = None
@@ -315,10 +334,11 @@ class Endpoint:
                 "control_send_ms": _elapsed_ms(written),
                 "elapsed_ms": _elapsed_ms(start),
             }
-            if chunk_id is None:
+            if chunk_ids is None:
                 self.tracer.event("comm_payload_send", **fields)
             else:
-                self.tracer.event("comm_stream_send", chunk_id=chunk_id, **fields)
+                self.tracer.event("comm_stream_send", chunk_id=chunk_ids.start, chunk_count=len(chunk_ids), **fields)
+        return True
 
     async def _await_ack(self, object_id: str, pending: _PendingTransfer) -> None:
         with trio.move_on_after(ACK_TIMEOUT_S):
@@ -431,13 +451,18 @@ class Endpoint:
 
             await self.receive_object(ref, rid, sender, stage.name, payload)
             return
-        chunk_id = message.chunk_id
+        first, count = message.chunk_id, message.chunk_count
 
-        async def chunk(value: Any) -> None:
-            data, metadata = value
-            await stage.deliver_stream_chunks(rid, sender, [StreamItem(chunk_id, data, sender, metadata)])
+        async def chunks(value: Any) -> None:
+            try:
+                pairs = chunk_list(value, count)
+                items = [StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)]
+            except (TypeError, ValueError) as exc:
+                await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
+                return
+            await stage.deliver_stream_chunks(rid, sender, items)
 
-        await self.receive_object(ref, rid, sender, stage.name, chunk, chunk_id=chunk_id)
+        await self.receive_object(ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count))
 
     async def receive_object(
         self,
@@ -447,7 +472,7 @@ class Endpoint:
         receiver: str,
         deliver: Callable[[Any], Awaitable[None]],
         *,
-        chunk_id: int | None = None,
+        chunk_ids: range | None = None,
     ) -> None:
         """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order."""
         lane = (request_id, sender, receiver)
@@ -455,7 +480,12 @@ class Endpoint:
         async def read() -> Any:
             start = time.monotonic()
             try:
-                value = await decode_object(ref, shm_prefix=self.run_prefix)
+                value = await decode_object(
+                    ref,
+                    shm_prefix=self.run_prefix,
+                    segments=self._segments,
+                    on_release=self._slot_releaser(ref, sender, receiver),
+                )
             except Exception as exc:
                 if ref.buffer is not None:
                     await self._ack(ref, request_id, sender, receiver, describe_error(exc))
@@ -465,13 +495,14 @@ class Endpoint:
                 raise _ReadFailed from exc
             if ref.buffer is not None:
                 await self._ack(ref, request_id, sender, receiver, None)
-            if self.tracer.enabled and chunk_id is not None:
+            if self.tracer.enabled and chunk_ids is not None:
                 self.tracer.event(
                     "comm_stream_read",
                     request_id=request_id,
                     from_stage=sender,
                     to_stage=receiver,
-                    chunk_id=chunk_id,
+                    chunk_id=chunk_ids.start,
+                    chunk_count=len(chunk_ids),
                     object_id=ref.object_id,
                     transport=ref.transport.value,
                     bytes=ref.nbytes or len(ref.header or b""),
@@ -525,6 +556,60 @@ class Endpoint:
         pending.error = message.error
         pending.acked.set()
 
+    def _slot_releaser(self, ref: DataRef, sender: str, receiver: str) -> Callable[[], None] | None:
+        """For a pooled transfer: what tells ``sender`` that no tensor views its slot any more.
+
+        The callback runs when the last such tensor dies, on any thread (a
+        scheduler thread, the garbage collector): it only hands the message to
+        this trio loop, never blocks, and does nothing once the loop is gone.
+        """
+        if ref.buffer is None or not ref.buffer.pooled:
+            return None
+        token = trio.lowlevel.current_trio_token()
+        process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
+        message = m.SlotRelease(
+            from_stage=receiver, to_stage=sender, shm_name=ref.buffer.info["shm_name"], lease=ref.buffer.info["lease"]
+        )
+
+        def released() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._queue_release, process, message)
+
+        return released
+
+    def _queue_release(self, process: str, message: m.SlotRelease) -> None:
+        """On the trio loop: queue a slot release; one task sends the queue in order."""
+        # Runs as a run_sync_soon callback, where an exception would crash the trio run.
+        nursery = self._nursery
+        if nursery is None or self._serving.cancel_called:
+            return  # closing: the sender unlinks its slots itself
+        self._releases.append((process, message))
+        if not self._releasing:
+            try:
+                nursery.start_soon(self._send_releases)
+            except Exception:  # noqa: BLE001 - the nursery is closed: nobody to tell
+                self._releases.clear()
+                return
+            self._releasing = True
+
+    async def _send_releases(self) -> None:
+        try:
+            while self._releases:
+                process, message = self._releases.popleft()
+                try:
+                    await self.send(process, message)
+                except Exception as exc:  # noqa: BLE001 - a lost release costs a slot, never the loop
+                    log.warning(
+                        "slot_release_not_sent", process=self.process, to=process, error=describe_error(exc)
+                    )
+        finally:
+            self._releasing = False
+
+    async def _on_slot_release(self, message: m.SlotRelease) -> None:
+        relay = self._relays.get(message.to_stage)
+        if relay is not None:
+            relay.release(message.shm_name, message.lease, message.from_stage)
+
     def pending_transfers(self) -> int:
         """Transfers of this process waiting for their ACK."""
         return len(self._pending)
@@ -532,6 +617,37 @@ class Endpoint:
     def busy_lanes(self) -> int:
         """Lanes with a read or delivery in progress."""
         return len(self._lanes)
+
+
+def chunk_list(value: object, count: int) -> list[Any]:
+    """The data of a chunk message: a list of ``count`` items (else ValueError)."""
+    if type(value) is not list or len(value) != count:
+        raise ValueError(f"expected a list of {count} chunk(s), got {type(value).__name__}")
+    return value
+
+
+async def send_chunk_runs(
+    items: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]
+) -> None:
+    """Send consecutive chunks ``first_id, ...`` in few messages: ``send(group, group_first_id, inline_only)``.
+
+    Small chunks travel together, up to
+    :data:`~omni_trio.control.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
+    message; a group too big to go inline is halved until it does, down to
+    single chunks that go by their own transport (so a chunk that needs shared
+    memory travels alone, as it would without its neighbours).
+    """
+    for start in range(0, len(items), m.MAX_CHUNKS_PER_MESSAGE):
+        await _send_group(items[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
+
+
+async def _send_group(group: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]) -> None:
+    if len(group) == 1:
+        await send(group, first_id, False)
+    elif not await send(group, first_id, True):
+        half = len(group) // 2
+        await _send_group(group[:half], first_id, send)
+        await _send_group(group[half:], first_id + half, send)
 
 
 class _ReadFailed(Exception):
@@ -568,20 +684,29 @@ class RemoteStageLink:
         )
 
     async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
-        """Send each chunk with its metadata as one object (inline when small)."""
-        for item in items:
-            await self._endpoint.send_object(
-                (item.data, item.metadata),
+        """Send consecutive chunks (each with its metadata) in as few messages as possible."""
+
+        async def send(group: list[tuple[Any, Any]], first_id: int, inline_only: bool) -> bool:
+            return await self._endpoint.send_object(
+                group,
                 request_id=request_id,
                 sender=from_stage,
                 receiver=self.target,
                 kind=DataRefKind.stream_chunk,
                 direction="stream",
-                chunk_id=item.chunk_id,
-                make=lambda ref, chunk_id=item.chunk_id: m.DataReady(  # type: ignore[misc]
-                    request_id=request_id, from_stage=from_stage, to_stage=self.target, data_ref=ref, chunk_id=chunk_id
+                chunk_ids=range(first_id, first_id + len(group)),
+                inline_only=inline_only,
+                make=lambda ref: m.DataReady(
+                    request_id=request_id,
+                    from_stage=from_stage,
+                    to_stage=self.target,
+                    data_ref=ref,
+                    chunk_id=first_id,
+                    chunk_count=len(group),
                 ),
             )
+
+        await send_chunk_runs([(item.data, item.metadata) for item in items], items[0].chunk_id, send)
 
     async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
         """Send the end-of-stream (or stream error) signal."""
@@ -614,17 +739,29 @@ class RemoteCoordinatorLink:
             make=lambda ref: m.Complete(request_id=request_id, from_stage=from_stage, success=True, data_ref=ref),
         )
 
-    async def stream(self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None) -> None:
-        """Send one chunk for the caller's stream (through the data plane)."""
-        await self._endpoint.send_object(
-            chunk,
-            request_id=request_id,
-            sender=from_stage,
-            receiver=COORDINATOR,
-            kind=DataRefKind.stream_chunk,
-            direction="stream",
-            chunk_id=chunk_id,
-            make=lambda ref: m.Stream(
-                request_id=request_id, from_stage=from_stage, chunk_id=chunk_id, modality=modality, data_ref=ref
-            ),
-        )
+    async def stream(
+        self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
+    ) -> None:
+        """Send consecutive chunks for the caller's stream (through the data plane, few messages)."""
+
+        async def send(group: list[Any], first_id: int, inline_only: bool) -> bool:
+            return await self._endpoint.send_object(
+                group,
+                request_id=request_id,
+                sender=from_stage,
+                receiver=COORDINATOR,
+                kind=DataRefKind.stream_chunk,
+                direction="stream",
+                chunk_ids=range(first_id, first_id + len(group)),
+                inline_only=inline_only,
+                make=lambda ref: m.Stream(
+                    request_id=request_id,
+                    from_stage=from_stage,
+                    chunk_id=first_id,
+                    chunk_count=len(group),
+                    modality=modality,
+                    data_ref=ref,
+                ),
+            )
+
+        await send_chunk_runs(chunks, first_chunk_id, send)

@@ -32,6 +32,7 @@ __all__ = [
     "DataReady",
     "Ready",
     "Shutdown",
+    "SlotRelease",
     "StatsReply",
     "StatsRequest",
     "Stream",
@@ -58,6 +59,11 @@ def message(tag: str) -> Callable[[M], M]:
         return cls
 
     return register
+
+
+#: Most stream chunks one DataReady or Stream message carries (a scheduler's outbox is drained
+#: 64 messages at a time, so a run is never longer).
+MAX_CHUNKS_PER_MESSAGE = 64
 
 
 def _nonempty_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -96,6 +102,16 @@ def _opt_chunk_id(instance: object, attribute: attrs.Attribute[Any], value: obje
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
+def _chunk_count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or not 1 <= value <= MAX_CHUNKS_PER_MESSAGE:
+        raise ValueError(f"{attribute.name} must be an int in 1..{MAX_CHUNKS_PER_MESSAGE}, got {value!r}")
+
+
+def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
 def _str_tuple(value: object) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise TypeError(f"expected a list of strings, got {type(value).__name__}")
@@ -130,7 +146,9 @@ class DataReady(ControlMessage):
     Variants (SPEC §2.3): a *signal* has ``is_done`` or ``error`` (never
     both) and neither ``data_ref`` nor ``chunk_id``; anything else carries a
     ``data_ref`` map (a DataRef wire map, see ``omni_trio.comm.dataref``);
-    a ``chunk_id`` (>= 0) makes it a stream chunk.
+    a ``chunk_id`` (>= 0) makes it stream chunks: ``chunk_count`` consecutive
+    ones from ``chunk_id`` on, whose data is a list of ``(data, metadata)``
+    pairs (a run of small chunks travels as one message).
     """
 
     request_id: str = attrs.field(validator=_nonempty_str)
@@ -138,12 +156,15 @@ class DataReady(ControlMessage):
     to_stage: str = attrs.field(validator=_nonempty_str)
     data_ref: dict[str, Any] | None = attrs.field(default=None, validator=_opt_map)
     chunk_id: int | None = attrs.field(default=None, validator=_opt_chunk_id)
+    chunk_count: int = attrs.field(default=1, validator=_chunk_count)
     is_done: bool = attrs.field(default=False, validator=_exact(bool))
     error: str | None = attrs.field(default=None, validator=_opt_str)
 
     def __attrs_post_init__(self) -> None:
         if self.is_done and self.error is not None:
             raise ValueError("DataReady: is_done and error are mutually exclusive")
+        if self.chunk_count != 1 and self.chunk_id is None:
+            raise ValueError("DataReady: chunk_count is for stream chunks (a chunk_id) only")
         if self.is_signal:
             if self.data_ref is not None or self.chunk_id is not None:
                 raise ValueError("DataReady: a done/error signal carries neither data_ref nor chunk_id")
@@ -184,6 +205,25 @@ class DataAck(ControlMessage):
             raise ValueError("DataAck: a failure ACK needs an error text")
 
 
+@message("slot_release")
+@attrs.frozen
+class SlotRelease(ControlMessage):
+    """Receiver → sender: no tensor views pooled slot ``shm_name`` under ``lease`` any more.
+
+    Sent once per pooled transfer, when the last tensor the receiver built
+    over the slot is released (possibly long after the DataAck, which says
+    only whether the read succeeded). ``from_stage`` is the receiver,
+    ``to_stage`` the sender whose relay owns the slot. The sender reuses the
+    slot once it has both this and a successful ACK; a release for a slot or
+    lease it does not know (settled as failed, closed) is ignored.
+    """
+
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    to_stage: str = attrs.field(validator=_nonempty_str)
+    shm_name: str = attrs.field(validator=_nonempty_str)
+    lease: int = attrs.field(validator=_nonneg_int)
+
+
 @message("complete")
 @attrs.frozen
 class Complete(ControlMessage):
@@ -205,13 +245,18 @@ class Complete(ControlMessage):
 @message("stream")
 @attrs.frozen
 class Stream(ControlMessage):
-    """Terminal stage → coordinator: one partial output chunk (``data_ref``: a DataRef map)."""
+    """Terminal stage → coordinator: partial output for the caller's stream.
+
+    ``chunk_count`` consecutive chunks from ``chunk_id`` on, all of one
+    ``modality``; ``data_ref`` (a DataRef map) holds the list of their data.
+    """
 
     request_id: str = attrs.field(validator=_nonempty_str)
     from_stage: str = attrs.field(validator=_nonempty_str)
     chunk_id: int = attrs.field(validator=_opt_chunk_id)
     data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
     modality: str | None = attrs.field(default=None, validator=_opt_str)
+    chunk_count: int = attrs.field(default=1, validator=_chunk_count)
 
 
 @message("abort")

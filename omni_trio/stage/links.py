@@ -47,9 +47,9 @@ class CoordinatorLink(Protocol):
         """Report a terminal result, or (``error`` set) a failure of the request."""
 
     async def stream(
-        self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None
+        self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
     ) -> None:
-        """Deliver one stream chunk of a terminal stage to the caller."""
+        """Deliver consecutive stream chunks (ids ``first_chunk_id, ...``) of a terminal stage to the caller."""
 
 
 class LocalStageLink:
@@ -91,7 +91,8 @@ class LocalCoordinatorLink:
         self._coordinator.on_complete(request_id, from_stage, result=result, error=error)
 
     async def stream(
-        self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None
+        self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
     ) -> None:
-        """Deliver a chunk to the caller's stream."""
-        self._coordinator.on_stream(request_id, from_stage, chunk, chunk_id, modality)
+        """Deliver the chunks to the caller's stream."""
+        for offset, chunk in enumerate(chunks):
+            self._coordinator.on_stream(request_id, from_stage, chunk, first_chunk_id + offset, modality)

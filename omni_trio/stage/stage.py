@@ -380,10 +380,10 @@ class Stage:
 
     async def _handle_batch(self, batch: list[OutgoingMessage]) -> bool:
         """Route one batch; return True when the stop sentinel was reached."""
-        run: list[OutgoingMessage] = []
+        run: list[tuple[OutgoingMessage, tuple[str, ...]]] = []
         for out in batch:
-            if out.type == "stream" and out.target is not None:
-                run.append(out)
+            if out.type == "stream" and (targets := self._stream_targets(out)) is not None:
+                run.append((out, targets))
                 continue
             if run:
                 await self._route_stream_run(run)
@@ -412,8 +412,11 @@ class Stage:
             except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
                 await self.send_failure(request_id, f"routing the result: {describe_error(exc)}")
         elif out.type == "stream":
-            await self._guarded(
-                request_id, "sending a stream chunk", self._send_untargeted_stream, request_id, out
+            # Only chunks with nowhere to go get here (see _stream_targets).
+            await self.send_failure(
+                request_id,
+                "the scheduler emitted an untargeted stream chunk, but this stage has no stream_to "
+                "and is not terminal; set stream_to or OutgoingMessage.target",
             )
         elif out.type == "error":
             await self.send_failure(request_id, describe_error(out.data))
@@ -428,52 +431,54 @@ class Stage:
         except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
             await self.send_failure(request_id, f"{what}: {describe_error(exc)}")
 
-    async def _route_stream_run(self, run: list[OutgoingMessage]) -> None:
-        """Send targeted chunks in order, one call per consecutive (request, target) group."""
+    def _stream_targets(self, out: OutgoingMessage) -> tuple[str, ...] | None:
+        """Where a stream chunk goes: its target, else every ``stream_to`` stage, else (a terminal
+        stage) the caller, spelled ``()``; None when it has nowhere to go."""
+        if out.target is not None:
+            return (out.target,)
+        if self._routing.stream_to:
+            return tuple(self._routing.stream_to)
+        return () if self._routing.terminal else None
+
+    async def _route_stream_run(self, run: list[tuple[OutgoingMessage, tuple[str, ...]]]) -> None:
+        """Send chunks in order, one call per consecutive group of one request and one destination."""
         start = 0
         while start < len(run):
-            first = run[start]
+            first, targets = run[start]
             end = start + 1
-            while end < len(run) and (run[end].request_id, run[end].target) == (first.request_id, first.target):
+            while end < len(run) and run[end][0].request_id == first.request_id and run[end][1] == targets:
                 end += 1
-            if first.request_id in self.active:
-                assert first.target is not None
-                await self._guarded(
-                    first.request_id,
-                    "sending a stream chunk",
-                    self._send_stream,
-                    first.request_id,
-                    first.target,
-                    run[start:end],
-                )
+            rid = first.request_id
+            if rid in self.active:
+                group = [out for out, _ in run[start:end]]
+                await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
             start = end
 
-    async def _send_untargeted_stream(self, request_id: str, out: OutgoingMessage) -> None:
-        targets = self._routing.stream_to
+    async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
-            if not self._routing.terminal:
-                raise RuntimeError(
-                    "the scheduler emitted an untargeted stream chunk, but this stage has no stream_to "
-                    "and is not terminal; set stream_to or OutgoingMessage.target"
-                )
-            await self._stream_to_caller(request_id, out)
+            await self._stream_to_caller(group)
         elif len(targets) == 1:
-            await self._send_stream(request_id, targets[0], [out])
+            await self._send_stream(request_id, targets[0], group)
         else:
             async with trio.open_nursery() as nursery:
                 for target in targets:
-                    nursery.start_soon(self._send_stream, request_id, target, [out])
+                    nursery.start_soon(self._send_stream, request_id, target, group)
 
-    async def _stream_to_caller(self, request_id: str, out: OutgoingMessage) -> None:
+    async def _stream_to_caller(self, messages: list[OutgoingMessage]) -> None:
+        """Send one request's chunks to the caller, a call per consecutive run of one modality."""
+        request_id = messages[0].request_id
         ids = self._chunk_ids.setdefault(request_id, {})
-        chunk_id = ids.get("coordinator", 0)
-        ids["coordinator"] = chunk_id + 1
-        modality = None
-        if out.metadata and "modality" in out.metadata:
-            modality = out.metadata["modality"]
-        elif isinstance(out.data, dict):
-            modality = out.data.get("modality")
-        await self._coordinator.stream(request_id, self.name, out.data, chunk_id, modality)
+        start = 0
+        while start < len(messages):
+            modality = _modality(messages[start])
+            end = start + 1
+            while end < len(messages) and _modality(messages[end]) == modality:
+                end += 1
+            first_id = ids.get("coordinator", 0)
+            ids["coordinator"] = first_id + end - start
+            chunks = [out.data for out in messages[start:end]]
+            await self._coordinator.stream(request_id, self.name, chunks, first_id, modality)
+            start = end
 
     async def _send_stream(self, request_id: str, target: str, messages: list[OutgoingMessage]) -> None:
         link = self._link(target)
@@ -561,3 +566,12 @@ class Stage:
             single or is_isolated_projection(payload, projected, has_projector=projector is not None)
         )
         await self._counted(link.payload(request_id, self.name, projected, share=share))
+
+
+def _modality(out: OutgoingMessage) -> str | None:
+    """The modality a chunk for the caller is labelled with: its metadata's, else its data dict's."""
+    if out.metadata and "modality" in out.metadata:
+        return out.metadata["modality"]
+    if isinstance(out.data, dict):
+        return out.data.get("modality")
+    return None

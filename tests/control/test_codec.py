@@ -67,6 +67,7 @@ def _auto_samples(cls: type[ControlMessage], limit: int = 4) -> list[ControlMess
 SAMPLES: list[ControlMessage] = [
     DataReady(request_id="r0", from_stage="a", to_stage="b", data_ref={"_type": "DataRef", "version": 1}),
     DataReady(request_id="r0", from_stage="a", to_stage="b", data_ref={"k": [1, 2.5, None]}, chunk_id=0),
+    DataReady(request_id="r0", from_stage="a", to_stage="b", data_ref={}, chunk_id=3, chunk_count=64),
     DataReady(request_id="r0", from_stage="a", to_stage="b", is_done=True),
     DataReady(request_id="r0", from_stage="a", to_stage="b", error="decoder exploded"),
     DataAck(request_id="r0", from_stage="b", to_stage="a", object_id="r0:payload:a:b:1", success=True),
@@ -153,6 +154,26 @@ def test_large_bytes_travel_out_of_band() -> None:
             "data_ready",
             {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": {}, "chunk_id": True},
             "chunk_id",
+        ),
+        (
+            "data_ready",
+            {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": {}, "chunk_id": 0, "chunk_count": 0},
+            "chunk_count",
+        ),
+        (
+            "data_ready",
+            {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": {}, "chunk_id": 0, "chunk_count": 65},
+            "chunk_count",
+        ),
+        (
+            "data_ready",
+            {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": {}, "chunk_count": 2},
+            "chunk_count is for stream chunks",
+        ),
+        (
+            "stream",
+            {"request_id": "r", "from_stage": "a", "chunk_id": 0, "data_ref": {}, "chunk_count": 1.0},
+            "chunk_count",
         ),
         (
             "data_ack",

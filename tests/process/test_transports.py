@@ -270,9 +270,10 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
                         return encode(m.DataReady(request_id="r0", from_stage="src", to_stage="far",
                                                   data_ref=ref.to_wire(), chunk_id=chunk_id))
 
+                    # A chunk message carries a list of (data, metadata) pairs, here one each.
                     burst = [
-                        await data_ready((torch.arange(8), None), DataRefKind.stream_chunk, 0),  # inline
-                        await data_ready((torch.zeros(16384), None), DataRefKind.stream_chunk, 1),  # shm
+                        await data_ready([(torch.arange(8), None)], DataRefKind.stream_chunk, 0),  # inline
+                        await data_ready([(torch.zeros(16384), None)], DataRefKind.stream_chunk, 1),  # shm
                         encode(m.DataReady(request_id="r0", from_stage="src", to_stage="far", is_done=True)),
                         await data_ready(ot.StagePayload("r0", request, {"features": torch.ones(4)}),
                                          DataRefKind.stage_payload, None),
@@ -294,3 +295,33 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
         context.destroy(linger=0)
         if prefix is not None:
             remove_segments(prefix)
+
+
+async def test_a_burst_of_small_chunks_travels_in_few_messages_in_order(ipc_base: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "run.jsonl"
+    numels = [8] * 150 + [16384] + [8] * 150  # one chunk in the middle needs shared memory
+    config = helpers.config(
+        ipc_base,
+        stage("burst", "create_burst_streamer", process="p_burst", next="sum", stream_to=["sum"]),
+        stage("sum", "create_streaming_sum", process="p_sum", terminal=True, can_accept_stream_before_payload=True),
+    )
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config, trace=trace) as pipeline:
+            events = [event async for event in pipeline.stream("r0", "go", params={"numels": numels})]
+            assert (await pipeline.stats()).idle
+    chunks = [e for e in events if isinstance(e, ot.StreamMessage)]
+    assert [c.chunk_id for c in chunks] == list(range(len(numels)))
+    assert [c.chunk for c in chunks] == [float(i * n) for i, n in enumerate(numels)]
+    assert events[-1].result == {"chunks": len(numels)}
+
+    run = Run(None, ot.read_trace(trace), trace)
+    for sender, receiver in (("burst", "sum"), ("sum", "coordinator")):
+        sends = run.named("comm_stream_send", from_stage=sender, to_stage=receiver)
+        # Every chunk sent exactly once, in order, at most 64 to a message.
+        covered = [s["chunk_id"] + i for s in sends for i in range(s["chunk_count"])]
+        assert covered == list(range(len(numels)))
+        assert max(s["chunk_count"] for s in sends) <= 64
+    # The burst was queued at once: its small chunks share messages; the big one travels alone.
+    burst = run.named("comm_stream_send", from_stage="burst")
+    assert len(burst) <= 16  # 301 chunks; halving around the big one costs a few more messages
+    assert [(s["chunk_id"], s["chunk_count"]) for s in burst if s["transport"] == "shm"] == [(150, 1)]
