@@ -543,6 +543,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
     parser.add_argument("--json", default="out/bench.json", metavar="PATH", help="where to write the results")
     parser.add_argument("--only", metavar="LIST", help=f"comma-separated workloads out of {','.join(WORKLOADS)}")
+    parser.add_argument("--vs-sglang-omni", action="store_true",
+                        help="also run each workload on SGLang-Omni 0.1.9, right after ours, and print "
+                             "ours/theirs ratios (install: docs/benchmarks.md)")
     args = parser.parse_args(argv)
     if args.only:
         chosen = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -562,8 +565,18 @@ def _fmt(value: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the chosen workloads, print a table, write the JSON; 0 if every workload ran, 1 otherwise."""
+    """Run the chosen workloads, print a table, write the JSON; 0 if every workload ran, 1 otherwise
+    (2 when ``--vs-sglang-omni`` is asked for but SGLang-Omni is not importable)."""
     args = parse_args(argv)
+    comparison = None
+    if args.vs_sglang_omni:
+        from omni_trio import bench_sglang
+
+        problem = bench_sglang.unavailable_message()
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return 2
+        comparison = bench_sglang.Comparison(args.quick)
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     for name in args.workloads:
@@ -576,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} failed: {errors[name]}", file=sys.stderr, flush=True)
         else:
             print(f"  {name} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        if comparison is not None:
+            comparison.run(name)
     rows = [(name, metric, _fmt(value)) for name, metrics in results.items() for metric, value in metrics.items()]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(("workload", "metric", "value"))]
     print(f"{'workload':<{widths[0]}}  {'metric':<{widths[1]}}  {'value':>{widths[2]}}")
@@ -589,11 +604,15 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": results,
         "errors": errors,
     }
+    if comparison is not None:
+        print(f"\nomni-trio vs SGLang-Omni (ours/theirs; the 'better' column says which way wins)\n"
+              f"{comparison.table(results)}")
+        document["sglang_omni"] = comparison.document(results)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}", file=sys.stderr)
-    return 1 if errors else 0
+    return 1 if errors or (comparison is not None and comparison.errors) else 0
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,3 +32,17 @@ def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
             assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
     assert workloads["W1"]["p50_ms"] <= workloads["W1"]["p99_ms"]
     assert workloads["W5"]["chunks_per_request"] == 50
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang_omni") is not None, reason="SGLang-Omni is installed here")
+def test_vs_sglang_omni_without_it_names_the_recipe_and_fails(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_trio.bench", "--vs-sglang-omni", "--only", "W1", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "SGLang-Omni 0.1.9" in proc.stderr and "docs/benchmarks.md" in proc.stderr, proc.stderr
+    assert "running W1" not in proc.stderr  # refused before any workload ran
+    assert not out.exists()
