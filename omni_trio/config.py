@@ -14,6 +14,7 @@ import difflib
 import importlib
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,6 +27,10 @@ log = get_logger(__name__)
 
 #: ``StageConfig.restart`` values: a dead worker ends the pipeline, or is started again.
 RESTART_POLICIES = ("never", "on-failure")
+#: The process name of stages placed in the caller's process (``process=None``).
+MAIN_PROCESS = "main"
+# A worker's name names its socket and spec files: one plain path component.
+_PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 
 def dotted_path(value: Any) -> Any:
@@ -272,6 +277,7 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         not isinstance(stage.comm.pool_mb, int) or isinstance(stage.comm.pool_mb, bool) or stage.comm.pool_mb < 0
     ):
         problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
+    problems += _process_problems(f"{at}.process", stage.process)
     if stage.restart not in RESTART_POLICIES:
         problems.append(
             ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")
@@ -282,6 +288,23 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
             ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
         )
     return problems
+
+
+def _process_problems(at: str, process: object) -> list[ConfigProblem]:
+    if process is None:
+        return []
+    if process == MAIN_PROCESS:
+        message = f"{MAIN_PROCESS!r} is the caller's own process: use process=None to run a stage there"
+        return [ConfigProblem(at, message)]
+    if not isinstance(process, str) or not _PROCESS_NAME.fullmatch(process):
+        return [
+            ConfigProblem(
+                at,
+                f"expected a worker process name of letters, digits, '_', '.' and '-' (up to 64), or None "
+                f"for the caller's process, got {process!r}",
+            )
+        ]
+    return []
 
 
 def _restart_problems(config: PipelineConfig) -> list[ConfigProblem]:

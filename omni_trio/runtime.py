@@ -25,7 +25,7 @@ import trio
 
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import remove_segments
-from omni_trio.config import PipelineConfig, StageConfig, check_imports, import_string
+from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
 from omni_trio.control.endpoint import Endpoint, RemoteStageLink
 from omni_trio.coordinator import Coordinator
@@ -36,8 +36,6 @@ from omni_trio.stage.stage import Stage, StageStats, describe_error
 from omni_trio.supervisor import Supervisor, Worker
 from omni_trio.tracing import Tracer, trace_path_from_env
 
-#: The process name of stages placed in the caller's process.
-MAIN_PROCESS = "main"
 #: How long worker processes may take to build and warm up their stages.
 DEFAULT_START_TIMEOUT_S = 120.0
 

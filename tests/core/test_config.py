@@ -52,6 +52,21 @@ def test_duplicate_names_unknown_entry_and_cycles() -> None:
     assert "stages: no terminal stage is reachable from 'a'" in cycle
 
 
+def test_process_names_name_files_and_main_is_the_callers() -> None:
+    problems = problems_of(
+        stages=[
+            stage("a", "f", process="main", next="b"),
+            stage("b", "f", process="../p", next="c"),
+            stage("c", "f", process="p_ok", terminal=True),
+        ]
+    )
+    assert problems == [
+        "stages[0].process: 'main' is the caller's own process: use process=None to run a stage there",
+        "stages[1].process: expected a worker process name of letters, digits, '_', '.' and '-' (up to 64), "
+        "or None for the caller's process, got '../p'",
+    ]
+
+
 def test_hooks_must_be_importable_names() -> None:
     problems = problems_of(stages=[ot.StageConfig(name="a", factory_path=lambda: None, terminal=True)])
     assert len(problems) == 1 and problems[0].startswith("stages[0].factory_path:")
