@@ -17,9 +17,10 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 
-``--quick`` shrinks every count so that the whole suite runs in well under a minute. The results are
-printed as a table and written as JSON (default ``out/bench.json``). Nothing here is tuned: these
-are measurements of the runtime as it is.
+``--quick`` shrinks every count so that the whole suite runs in well under a minute. The no-op and text
+stages compute inline, on their stage's event loop (``SimpleScheduler(inline=True)``: they never
+block); ``--threaded-stages`` runs them on their scheduler threads instead. The results are printed as
+a table and written as JSON (default ``out/bench.json``); ``--vs-sglang-omni`` adds SGLang-Omni's.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def create_forwarding_vocoder() -> ForwardingVocoder:
     return ForwardingVocoder()
 
 
-def create_split() -> SimpleScheduler:
+def create_split(inline: bool = True) -> SimpleScheduler:
     """Splits the input text into words."""
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -172,27 +173,27 @@ def create_split() -> SimpleScheduler:
         payload.data = {"text": text, "words": text.split()}
         return payload
 
-    return SimpleScheduler(fn, inline=True)
+    return SimpleScheduler(fn, inline=inline)
 
 
-def create_upper() -> SimpleScheduler:
+def create_upper(inline: bool = True) -> SimpleScheduler:
     """Upper-cases the text."""
 
     def fn(payload: StagePayload) -> StagePayload:
         payload.data = {"upper": payload.data["text"].upper()}
         return payload
 
-    return SimpleScheduler(fn, inline=True)
+    return SimpleScheduler(fn, inline=inline)
 
 
-def create_count() -> SimpleScheduler:
+def create_count(inline: bool = True) -> SimpleScheduler:
     """Counts the words."""
 
     def fn(payload: StagePayload) -> StagePayload:
         payload.data = {"count": len(payload.data["words"])}
         return payload
 
-    return SimpleScheduler(fn, inline=True)
+    return SimpleScheduler(fn, inline=inline)
 
 
 def merge(inputs: dict[str, StagePayload]) -> StagePayload:
@@ -206,6 +207,11 @@ def merge(inputs: dict[str, StagePayload]) -> StagePayload:
 
 # --------------------------------------------------------------------------- configs
 
+#: Factory arguments of the no-op and text stages (W1-W3, W6-W8): their compute runs inline, on the
+#: stage's event loop, unless ``--threaded-stages`` hands it to the scheduler thread (the default of
+#: a SimpleScheduler), which costs two thread hand-offs per stage.
+STAGE_FACTORY: dict[str, Any] = {"inline": True}
+
 
 def chain_config(stages: int, *, one_process: bool = False) -> PipelineConfig:
     """A chain of ``stages`` no-op stages, each in its own worker process (or all in one)."""
@@ -218,6 +224,7 @@ def chain_config(stages: int, *, one_process: bool = False) -> PipelineConfig:
                 name=name,
                 process="p_all" if one_process else f"p_{name}",
                 factory_path=f"{M}.create_noop",
+                factory=dict(STAGE_FACTORY),
                 next=names[i + 1] if i + 1 < stages else None,
                 terminal=i + 1 == stages,
             )
@@ -258,10 +265,13 @@ def fanin_config() -> PipelineConfig:
         name="bench-fanin",
         entry_stage="split",
         stages=[
-            StageConfig(name="split", process="p_split", factory_path=f"{M}.create_split", next=["upper", "count"]),
-            StageConfig(name="upper", process="p_upper", factory_path=f"{M}.create_upper", next="join"),
-            StageConfig(name="count", process="p_count", factory_path=f"{M}.create_count", next="join"),
-            StageConfig(name="join", process="p_join", factory_path=f"{M}.create_noop",
+            StageConfig(name="split", process="p_split", factory_path=f"{M}.create_split", factory=dict(STAGE_FACTORY),
+                        next=["upper", "count"]),
+            StageConfig(name="upper", process="p_upper", factory_path=f"{M}.create_upper", factory=dict(STAGE_FACTORY),
+                        next="join"),
+            StageConfig(name="count", process="p_count", factory_path=f"{M}.create_count", factory=dict(STAGE_FACTORY),
+                        next="join"),
+            StageConfig(name="join", process="p_join", factory_path=f"{M}.create_noop", factory=dict(STAGE_FACTORY),
                         wait_for=["upper", "count"], merge_fn=f"{M}.merge", terminal=True),
         ],
     )
@@ -543,6 +553,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
     parser.add_argument("--json", default="out/bench.json", metavar="PATH", help="where to write the results")
     parser.add_argument("--only", metavar="LIST", help=f"comma-separated workloads out of {','.join(WORKLOADS)}")
+    parser.add_argument("--threaded-stages", action="store_true",
+                        help="run the no-op and text stages' compute on their scheduler threads instead of inline")
     parser.add_argument("--vs-sglang-omni", action="store_true",
                         help="also run each workload on SGLang-Omni 0.1.9, right after ours, and print "
                              "ours/theirs ratios (install: docs/benchmarks.md)")
@@ -568,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the chosen workloads, print a table, write the JSON; 0 if every workload ran, 1 otherwise
     (2 when ``--vs-sglang-omni`` is asked for but SGLang-Omni is not importable)."""
     args = parse_args(argv)
+    STAGE_FACTORY["inline"] = not args.threaded_stages
     comparison = None
     if args.vs_sglang_omni:
         from omni_trio import bench_sglang
@@ -598,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{workload:<{widths[0]}}  {metric:<{widths[1]}}  {value:>{widths[2]}}")
     document = {
         "quick": args.quick,
+        "threaded_stages": args.threaded_stages,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

@@ -32,6 +32,32 @@ def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
             assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
     assert workloads["W1"]["p50_ms"] <= workloads["W1"]["p99_ms"]
     assert workloads["W5"]["chunks_per_request"] == 50
+    assert document["threaded_stages"] is False
+
+
+def test_threaded_stages_run_the_noop_compute_on_scheduler_threads(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_trio.bench", "--quick", "--threaded-stages", "--only", "W6", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["threaded_stages"] is True and document["errors"] == {}
+    assert document["workloads"]["W6"]["p50_ms"] > 0
+
+
+def test_the_stage_factories_follow_the_threaded_option() -> None:
+    from omni_trio import bench
+
+    assert bench.create_noop().inline and not bench.create_noop(inline=False).inline
+    try:
+        bench.STAGE_FACTORY["inline"] = False
+        stages = bench.fanin_config().stages + bench.chain_config(2).stages
+        assert all(stage.factory == {"inline": False} for stage in stages)
+    finally:
+        bench.STAGE_FACTORY["inline"] = True
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang_omni") is not None, reason="SGLang-Omni is installed here")
