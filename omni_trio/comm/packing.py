@@ -30,6 +30,7 @@ dtype raises :class:`UnsupportedDtype` naming the tensor's location.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -112,19 +113,24 @@ class TensorPlaceholder:
         """The key of this tensor in the ``{path: tensor}`` mapping."""
         return tensor_path(self.index)
 
+    def __reduce__(self) -> tuple[type[TensorPlaceholder], tuple[int, tuple[int, ...], str, str]]:
+        # Pickled with every small chunk: its fields as a tuple cost a third of attrs' state dict.
+        return (TensorPlaceholder, (self.index, self.shape, self.dtype, self.device))
 
-def _check_tensor(tensor: torch.Tensor, where: str) -> str:
-    """Validate a tensor for the data plane; return its dtype string."""
+
+def _check_tensor(tensor: torch.Tensor, where: Callable[[], str]) -> str:
+    """Validate a tensor for the data plane; return its dtype string. ``where()`` describes its place
+    (called only to word an error: formatting paths costs more than the checks)."""
     name = str(tensor.dtype)
     if name not in SUPPORTED_DTYPES:
         raise UnsupportedDtype(
-            f"tensor at {where} has unsupported dtype {name}; supported: {', '.join(sorted(SUPPORTED_DTYPES))}"
+            f"tensor at {where()} has unsupported dtype {name}; supported: {', '.join(sorted(SUPPORTED_DTYPES))}"
         )
     # Sparse/mkldnn/nested tensors have no single strided byte image to copy.
     if tensor.layout is not torch.strided or tensor.is_nested:
-        raise UnsupportedTensor(f"tensor at {where} has unsupported layout {tensor.layout}")
+        raise UnsupportedTensor(f"tensor at {where()} has unsupported layout {tensor.layout}")
     if tensor.device.type == "meta":
-        raise UnsupportedTensor(f"tensor at {where} is on the meta device (it has no data)")
+        raise UnsupportedTensor(f"tensor at {where()} is on the meta device (it has no data)")
     return name
 
 
@@ -249,7 +255,7 @@ def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
         seen = by_identity.get(id(node))
         if seen is not None:
             return seen
-        dtype = _check_tensor(node, where())
+        dtype = _check_tensor(node, where)
         placeholder = TensorPlaceholder(
             index=next(counter),
             shape=tuple(node.shape),
@@ -274,7 +280,7 @@ def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[int, list[TensorE
     entries: list[TensorEntry] = []
     cursor = 0
     for path, tensor in tensors.items():
-        dtype = _check_tensor(tensor, repr(path))
+        dtype = _check_tensor(tensor, functools.partial(repr, path))
         elem = tensor.element_size()
         offset = -(-cursor // elem) * elem  # round up to a multiple of elem
         size = tensor.numel() * elem
