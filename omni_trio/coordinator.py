@@ -309,10 +309,16 @@ class Coordinator:
 
     # ------------------------------------------------------------------ shutdown
 
-    def fail_all(self, error_for: Callable[[str], RequestError]) -> None:
-        """Resolve every live request with ``error_for(request_id)`` (e.g. a dead process)."""
+    def fail_all(self, error_for: Callable[[str], RequestError], *, abort_everywhere: bool = False) -> None:
+        """Resolve every live request with ``error_for(request_id)`` (e.g. a dead process).
+
+        With ``abort_everywhere`` (the pipeline goes on serving) each one is also aborted in every
+        process, and its caller hears of the failure once that is done, as for any failure.
+        """
         for live in list(self._live.values()):
             self._resolve(live, outcome.Error(error_for(live.request_id)))
+            if abort_everywhere:
+                self._broadcast_abort(live.request_id)
 
     async def close(self, reason: str = "the pipeline closed") -> None:
         """Refuse new requests, abort every live one everywhere, wait for the broadcasts."""

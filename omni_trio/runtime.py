@@ -253,8 +253,8 @@ async def _in_processes(
                     failed.append(request_id)
                     return StageProcessDied(request_id, worker.name, worker.pid, worker.returncode)
 
-                coordinator.fail_all(error_for)
-                directory.lost(worker.name, failed)
+                coordinator.fail_all(error_for, abort_everywhere=True)
+                directory.forget(worker.name)
                 return failed
 
             supervisor = Supervisor(

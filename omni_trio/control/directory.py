@@ -72,13 +72,6 @@ class ProcessDirectory:
         for replies in [*self._aborts.values(), *self._stats.values()]:
             replies.arrived(process)
 
-    def lost(self, process: str, failed: list[str]) -> None:
-        """A worker died and will be restarted: stop waiting for it, and abort the
-        requests that were failed because of it in every other process."""
-        self.forget(process)
-        for request_id in failed:
-            self._endpoint.spawn(self.abort, request_id)
-
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage, wherever it runs.
 

@@ -92,6 +92,29 @@ async def test_killed_worker_is_restarted_and_serves_later_requests(ipc_base: Pa
             assert all(s.healthy for s in stats.stages.values()), stats
 
 
+async def test_the_caller_hears_of_the_death_once_the_other_processes_dropped_the_request(
+    ipc_base: Path, tmp_path: Path
+) -> None:
+    # split fans out to the blocker (restartable, killed) and to a holder in another process that
+    # keeps the request until it is aborted: when the caller sees StageProcessDied, the holder has
+    # already dropped it.
+    config = helpers.config(
+        ipc_base,
+        stage("split", "create_append", factory={"tag": "split"}, process="p_first", next=["blocker", "holder"]),
+        stage("blocker", "create_block_and_report_pid", process="p_block", next="join", restart="on-failure"),
+        stage("holder", "create_block_until_aborted", process="p_hold", next="join"),
+        stage("join", "create_passthrough", process="p_first", wait_for=["blocker", "holder"],
+              merge_fn="tests.stages.merge_trails", terminal=True),
+    )
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+            await submit_and_kill(pipeline, "r0", tmp_path / "pid0")
+            # No waiting: the abort broadcast finished before the caller heard of the failure.
+            stats = await pipeline.stats()
+            assert stats.stages["holder"].idle and stats.stages["join"].idle, stats
+            assert stats.live_requests == 0
+
+
 async def test_dying_after_max_restarts_ends_the_pipeline(ipc_base: Path, tmp_path: Path) -> None:
     config = pipeline_config(ipc_base, max_restarts=1)
     with trio.fail_after(60), pytest.raises(ot.StageProcessDied) as ended:
