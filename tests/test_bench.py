@@ -14,13 +14,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def bench(out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m omni_trio.bench ARGS --json OUT`` from the repository root (bounded by ``timeout``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "omni_trio.bench", *args, "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
 def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "omni_trio.bench", "--quick", "--only", "W1,W5,W8,floor", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
+    proc = bench(out, "--quick", "--only", "W1,W5,W8,floor")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(out.read_text(encoding="utf-8"))
     assert document["errors"] == {}
@@ -37,11 +42,7 @@ def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
 
 def test_threaded_stages_run_the_noop_compute_on_scheduler_threads(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "omni_trio.bench", "--quick", "--threaded-stages", "--only", "W6", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
+    proc = bench(out, "--quick", "--threaded-stages", "--only", "W6")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(out.read_text(encoding="utf-8"))
     assert document["threaded_stages"] is True and document["errors"] == {}
@@ -49,25 +50,21 @@ def test_threaded_stages_run_the_noop_compute_on_scheduler_threads(tmp_path: Pat
 
 
 def test_the_stage_factories_follow_the_threaded_option() -> None:
-    from omni_trio import bench
+    from omni_trio import bench as suite
 
-    assert bench.create_noop().inline and not bench.create_noop(inline=False).inline
+    assert suite.create_noop().inline and not suite.create_noop(inline=False).inline
     try:
-        bench.STAGE_FACTORY["inline"] = False
-        stages = bench.fanin_config().stages + bench.chain_config(2).stages
+        suite.STAGE_FACTORY["inline"] = False
+        stages = suite.fanin_config().stages + suite.chain_config(2).stages
         assert all(stage.factory == {"inline": False} for stage in stages)
     finally:
-        bench.STAGE_FACTORY["inline"] = True
+        suite.STAGE_FACTORY["inline"] = True
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang_omni") is not None, reason="SGLang-Omni is installed here")
 def test_vs_sglang_omni_without_it_names_the_recipe_and_fails(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "omni_trio.bench", "--vs-sglang-omni", "--only", "W1", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )
+    proc = bench(out, "--vs-sglang-omni", "--only", "W1", timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "SGLang-Omni 0.1.9" in proc.stderr and "docs/benchmarks.md" in proc.stderr, proc.stderr
     assert "running W1" not in proc.stderr  # refused before any workload ran
