@@ -29,6 +29,7 @@ from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
+    Inbox,
     IncomingMessage,
     Outbox,
     OutgoingMessage,
@@ -49,6 +50,7 @@ __all__ = [
     "Coordinator",
     "DuplicateRequestId",
     "EndpointsConfig",
+    "Inbox",
     "IncomingMessage",
     "OmniRequest",
     "OmniTrioError",

@@ -105,7 +105,11 @@ def connect_stages(stages: dict[str, Stage], endpoint: Endpoint | None, tracer: 
         for target in endpoint.placement:
             if target not in stages:
                 links[target] = RemoteStageLink(endpoint, stage.name, target)
-        stage.connect(links, relay_in_use=functools.partial(endpoint.relay_in_use, stage.name))
+        stage.connect(
+            links,
+            relay_in_use=functools.partial(endpoint.relay_in_use, stage.name),
+            on_retire=functools.partial(endpoint.return_held_credits, stage.name),
+        )
 
 
 def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer) -> Endpoint:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from omni_trio import OutgoingMessage, SimpleScheduler, StagePayload, StreamingSimpleScheduler
+from omni_trio import Outbox, OutgoingMessage, SimpleScheduler, StagePayload, StreamingSimpleScheduler
 
 
 def append_tag(payload: StagePayload, tag: str) -> StagePayload:
@@ -184,12 +184,16 @@ class QueueScheduler:
 
 
 class Producer(QueueScheduler):
-    """Emits ``chunks`` tensor chunks of ``numel`` elements, then its payload."""
+    """Emits ``chunks`` tensor chunks of ``numel`` elements, then its payload, putting each chunk as soon
+    as it is made. With ``max_queued_streams`` its outbox is an ``Outbox(max_queued_streams=...)``, whose
+    ``put`` of a chunk waits while that many chunks are still unsent."""
 
-    def __init__(self, chunks: int, numel: int) -> None:
+    def __init__(self, chunks: int, numel: int, max_queued_streams: int | None = None) -> None:
         super().__init__()
         self.chunks = chunks
         self.numel = numel
+        if max_queued_streams is not None:
+            self.outbox = Outbox(max_queued_streams=max_queued_streams)
 
     def serve(self, msg: Any) -> None:
         import torch
@@ -201,8 +205,8 @@ class Producer(QueueScheduler):
         self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
-def create_producer(chunks: int = 3, numel: int = 8) -> Producer:
-    return Producer(chunks, numel)
+def create_producer(chunks: int = 3, numel: int = 8, max_queued_streams: int | None = None) -> Producer:
+    return Producer(chunks, numel, max_queued_streams)
 
 
 def create_warm_up_fails():
@@ -290,48 +294,13 @@ def create_swallow() -> Swallow:
 # ---------------------------------------------------------------------------- reliability suite (tests/reliability)
 
 
-class BoundedStreamOutbox:
-    """A scheduler outbox that holds at most ``max_streams`` stream messages: a producer's ``put`` of
-    one more blocks until the outbox pump has taken one. Other messages (results, the runtime's
-    ``wakeup`` sentinel) never block, so stopping the stage cannot deadlock on a full outbox."""
-
-    def __init__(self, max_streams: int) -> None:
-        import queue
-
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._slots = threading.Semaphore(max_streams)
-
-    def put(self, message: Any, block: bool = True, timeout: float | None = None) -> None:
-        if message.type == "stream":
-            self._slots.acquire()
-        self._queue.put(message)
-
-    def _took(self, message: Any) -> Any:
-        if message.type == "stream":
-            self._slots.release()
-        return message
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        return self._took(self._queue.get(block, timeout))
-
-    def get_nowait(self) -> Any:
-        return self._took(self._queue.get_nowait())
-
-    def qsize(self) -> int:
-        return self._queue.qsize()
-
-    def empty(self) -> bool:
-        return self._queue.empty()
-
-
 class LazyProducer(Producer):
-    """Like :class:`Producer`, but makes each chunk only when the outbox has room for it (at most
-    ``max_queued`` chunks wait in the outbox), and stops making chunks for an aborted request.
+    """Like :class:`Producer` with a bounded outbox (at most ``max_queued`` chunks wait in it, so each
+    chunk is made only once there is room for it), and stops making chunks for an aborted request.
     Chunk ``i`` is ``torch.full((numel,), float(i))``, so a receiver can check order and content."""
 
     def __init__(self, chunks: int, numel: int, max_queued: int) -> None:
-        super().__init__(chunks, numel)
-        self.outbox = BoundedStreamOutbox(max_queued)
+        super().__init__(chunks, numel, max_queued_streams=max_queued)
 
     def serve(self, msg: Any) -> None:
         import torch
@@ -353,12 +322,15 @@ class SlowChecksum(StreamingSimpleScheduler):
     """A slow stream consumer that keeps only a running checksum: sleeps per chunk,
     checks that chunk ``i`` has chunk id ``i`` and is filled with ``float(i)`` (as
     :class:`LazyProducer` makes them), and completes with the count, the checksum and the
-    first chunk out of place (``None`` if none)."""
+    first chunk out of place (``None`` if none). With ``keep`` it also holds every chunk's tensor until
+    the request ends (a consumer that legitimately keeps what it received)."""
 
-    def __init__(self, sleep_s: float, first_sleep_s: float) -> None:
+    def __init__(self, sleep_s: float, first_sleep_s: float, keep: bool = False) -> None:
         super().__init__(compute_fn=None)
         self.sleep_s = sleep_s
         self.first_sleep_s = first_sleep_s
+        self.keep = keep
+        self.kept: dict[str, list[Any]] = {}
         self.state: dict[str, dict[str, Any]] = {}
 
     def is_streaming_payload(self, payload: StagePayload) -> bool:
@@ -376,6 +348,8 @@ class SlowChecksum(StreamingSimpleScheduler):
         state["chunks"] = expected + 1
         state["checksum"] += float(data.sum())
         state["bytes"] += data.numel() * data.element_size()
+        if self.keep:
+            self.kept.setdefault(request_id, []).append(data)
         if expected == 0 and self.first_sleep_s:
             time.sleep(self.first_sleep_s)
         elif self.sleep_s:
@@ -385,16 +359,19 @@ class SlowChecksum(StreamingSimpleScheduler):
     def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
         payload = self.stream_payloads[request_id]
         payload.data = self.state.pop(request_id, {"chunks": 0, "checksum": 0.0, "bytes": 0, "misplaced": None})
+        kept = self.kept.pop(request_id, [])
+        payload.data["kept_sum"] = float(sum(float(t.sum()) for t in kept)) if self.keep else None
         return [OutgoingMessage(request_id, "result", data=payload)]
 
     def clear_stream_state(self, request_id: str) -> None:
         self.state.pop(request_id, None)
+        self.kept.pop(request_id, None)
 
 
-def create_slow_checksum(sleep_s: float = 0.001, first_sleep_s: float = 0.0) -> SlowChecksum:
+def create_slow_checksum(sleep_s: float = 0.001, first_sleep_s: float = 0.0, keep: bool = False) -> SlowChecksum:
     """A :class:`SlowChecksum` that sleeps ``first_sleep_s`` on each request's first chunk (a stall)
-    and ``sleep_s`` on every other chunk."""
-    return SlowChecksum(sleep_s, first_sleep_s)
+    and ``sleep_s`` on every other chunk (and keeps every chunk until the request ends with ``keep``)."""
+    return SlowChecksum(sleep_s, first_sleep_s, keep)
 
 
 def create_tensor_of():

@@ -28,8 +28,10 @@ Two kinds of segment carry a transfer:
   :meth:`ShmRelay.settle` returns the credit and, on a failed or missing ACK,
   removes the segment if it still exists.
 
-The ACK settles the credit in both cases: a receiver that keeps a pooled
-tensor for a long time holds the slot, never a credit.
+The ACK settles the credit in both cases (unless the caller keeps it until
+the receiver's scheduler has taken the object: ``settle(keep_credit=True)``
+then :meth:`ShmRelay.return_credit`): a receiver that keeps a pooled tensor
+for a long time holds the slot, never a credit.
 
 One-shot segments are named ``<prefix>-<n>`` and pooled slots
 ``<prefix>-p<n>``, with ``n`` from one counter per relay (never reused), so
@@ -595,11 +597,14 @@ class ShmRelay:
         # unmaps it, unless a view a fill leaked still holds it.
         slot.busy = True
 
-    def settle(self, put: ShmPut, success: bool) -> None:
+    def settle(self, put: ShmPut, success: bool, *, keep_credit: bool = False) -> bool:
         """Finish a transfer as its ACK says: return its credit; clean up on failure.
 
         Call it when the receiver's ACK arrives (``success`` as ACKed), or
-        with ``success=False`` on ACK timeout or the request's abort.
+        with ``success=False`` on ACK timeout or the request's abort. With
+        ``keep_credit`` (a successful ACK whose receiver has yet to consume
+        the object) the credit stays taken: hand it back later with
+        :meth:`return_credit`. Returns whether this call settled the put.
 
         One-shot: after a successful ACK the receiver has already unlinked the
         segment; we unlink again anyway (a no-op then) so that a receiver that
@@ -612,7 +617,7 @@ class ShmRelay:
         """
         entry = self._outstanding.get(put.name)
         if entry is None or entry[1] != put:
-            return
+            return False
         del self._outstanding[put.name]
         target, _ = entry
         if not put.pooled:
@@ -627,6 +632,12 @@ class ShmRelay:
                     slot.acked = True
                 else:
                     self._retire(slot)
+        if not (keep_credit and success):
+            self._credits[target].release()
+        return True
+
+    def return_credit(self, target: str) -> None:
+        """Give back a credit of ``target`` that :meth:`settle` kept (``keep_credit``); once per kept credit."""
         self._credits[target].release()
 
     def release(self, name: str, lease: int, receiver: str) -> bool:

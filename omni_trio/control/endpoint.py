@@ -89,6 +89,44 @@ class _PendingTransfer:
     error: str | None = None
 
 
+@attrs.define(eq=False)
+class _HeldCredit:
+    """A credit of ``relay`` for ``receiver`` that an ACK said the receiver holds until its scheduler
+    takes the object (a :class:`~omni_trio.control.messages.CreditReturn` gives it back)."""
+
+    relay: ShmRelay
+    request_id: str
+    sender: str
+    receiver: str
+
+
+class _CreditHold:
+    """Receiving side: sends the :class:`~omni_trio.control.messages.CreditReturn` of one object, once.
+
+    :meth:`give_back` may run on any thread (a scheduler thread taking the
+    chunk from its inbox): it only hands the message to the endpoint's loop.
+    """
+
+    def __init__(self, endpoint: Endpoint, process: str, message: m.CreditReturn) -> None:
+        self._endpoint = endpoint
+        self._token = trio.lowlevel.current_trio_token()
+        self._process = process
+        self._message = message
+        self._done = False
+
+    def cancel(self) -> None:
+        """Nothing to give back (the read failed: the failure ACK returned the credit)."""
+        self._done = True
+
+    def give_back(self) -> None:
+        """Return the sender's credit (idempotent; a no-op once the loop has ended)."""
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._endpoint._queue_release, self._process, self._message)
+
+
 class Lanes:
     """Delivers the messages of one (request, sender, receiver) lane in arrival order,
     while their reads overlap."""
@@ -168,11 +206,14 @@ class Endpoint:
         self._max_transfer = max_transfer_bytes or {}
         self._pool_bytes = pool_bytes or {}
         self._pending: dict[str, _PendingTransfer] = {}
+        # Sending: credits that receivers hold until their scheduler takes the object, by object id.
+        self._held: dict[str, _HeldCredit] = {}
         # Receiving: mappings of peers' pooled slots; slot releases waiting to be sent.
         self._segments = SegmentCache()
-        self._releases: deque[tuple[str, m.SlotRelease]] = deque()
+        self._releases: deque[tuple[str, m.ControlMessage]] = deque()
         self._releasing = False
         self.handlers[m.SlotRelease] = self._on_slot_release
+        self.handlers[m.CreditReturn] = self._on_credit_return
         self._transports: dict[str, TransportLog] = {}
         self._sequence = itertools.count()
         self._lanes = Lanes()
@@ -223,6 +264,7 @@ class Endpoint:
             for pending in self._pending.values():
                 pending.relay.settle(pending.put, False)
             self._pending.clear()
+            self._held.clear()  # the relays close: nobody waits for a credit any more
             for relay in self._relays.values():
                 await relay.aclose()
             # Views already handed out keep their mappings; releases are moot
@@ -344,10 +386,10 @@ class Endpoint:
         with trio.move_on_after(ACK_TIMEOUT_S):
             await pending.acked.wait()
         if not pending.acked.is_set():
+            if self._pending.pop(object_id, None) is None:
+                return  # settled by the endpoint closing
             pending.error = f"no ACK from {pending.receiver!r} within {ACK_TIMEOUT_S:g} s"
-        if self._pending.pop(object_id, None) is None:
-            return  # settled by the endpoint closing
-        pending.relay.settle(pending.put, pending.error is None)
+            pending.relay.settle(pending.put, False)
         if pending.error is not None:
             await self.fail_request(
                 pending.sender, pending.request_id, f"transfer to {pending.receiver!r} failed: {pending.error}"
@@ -452,17 +494,29 @@ class Endpoint:
             await self.receive_object(ref, rid, sender, stage.name, payload)
             return
         first, count = message.chunk_id, message.chunk_count
+        # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md §9).
+        credit = self._credit_hold(ref, rid, sender, stage)
 
         async def chunks(value: Any) -> None:
+            adopted = False
             try:
-                pairs = chunk_list(value, count)
-                items = [StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)]
-            except (TypeError, ValueError) as exc:
-                await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
-                return
-            await stage.deliver_stream_chunks(rid, sender, items)
+                try:
+                    pairs = chunk_list(value, count)
+                    items = [
+                        StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)
+                    ]
+                except (TypeError, ValueError) as exc:
+                    await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
+                    return
+                on_taken = None if credit is None else credit.give_back
+                adopted = await stage.deliver_stream_chunks(rid, sender, items, on_taken)
+            finally:
+                if credit is not None and not adopted:
+                    credit.give_back()  # dropped, or not queued: nothing will take it
 
-        await self.receive_object(ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count))
+        await self.receive_object(
+            ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count), credit=credit
+        )
 
     async def receive_object(
         self,
@@ -473,8 +527,13 @@ class Endpoint:
         deliver: Callable[[Any], Awaitable[None]],
         *,
         chunk_ids: range | None = None,
+        credit: _CreditHold | None = None,
     ) -> None:
-        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order."""
+        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order.
+
+        With ``credit``, a successful ACK says the receiver holds the sender's
+        credit, and ``deliver`` must see to it that ``credit`` is given back.
+        """
         lane = (request_id, sender, receiver)
 
         async def read() -> Any:
@@ -487,6 +546,8 @@ class Endpoint:
                     on_release=self._slot_releaser(ref, sender, receiver),
                 )
             except Exception as exc:
+                if credit is not None:
+                    credit.cancel()
                 if ref.buffer is not None:
                     await self._ack(ref, request_id, sender, receiver, describe_error(exc))
                 await self.fail_request(
@@ -494,7 +555,7 @@ class Endpoint:
                 )
                 raise _ReadFailed from exc
             if ref.buffer is not None:
-                await self._ack(ref, request_id, sender, receiver, None)
+                await self._ack(ref, request_id, sender, receiver, None, credit_held=credit is not None)
             if self.tracer.enabled and chunk_ids is not None:
                 self.tracer.event(
                     "comm_stream_read",
@@ -537,7 +598,9 @@ class Endpoint:
         with contextlib.suppress(_ReadFailed):
             await self._lanes.run(lane, place, read, deliver)
 
-    async def _ack(self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None) -> None:
+    async def _ack(
+        self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None, *, credit_held: bool = False
+    ) -> None:
         sender_process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
         ack = m.DataAck(
             request_id=request_id,
@@ -546,15 +609,60 @@ class Endpoint:
             object_id=ref.object_id,
             success=error is None,
             error=error,
+            credit_held=credit_held,
         )
         await self.send(sender_process, ack)
 
     def _on_ack(self, message: m.DataAck) -> None:
+        # Settled here, not in the transfer's watcher task: a CreditReturn right behind this ACK
+        # (same socket, same receive batch) must find the held credit.
         pending = self._pending.get(message.object_id)
         if pending is None or pending.sender != message.to_stage:
             return  # already settled (timed out, or the endpoint closed)
+        del self._pending[message.object_id]
+        hold = message.credit_held and not self._request_retired(pending.sender, pending.request_id)
+        pending.relay.settle(pending.put, message.success, keep_credit=hold)
+        if hold and message.success:
+            self._held[message.object_id] = _HeldCredit(
+                pending.relay, pending.request_id, pending.sender, pending.receiver
+            )
         pending.error = message.error
         pending.acked.set()
+
+    def _request_retired(self, sender: str, request_id: str) -> bool:
+        stage = self.stages.get(sender)
+        return stage is not None and request_id in stage.aborted
+
+    async def _on_credit_return(self, message: m.CreditReturn) -> None:
+        held = self._held.get(message.object_id)
+        if held is None or held.sender != message.to_stage or held.receiver != message.from_stage:
+            return  # returned already (the request ended), or not ours
+        del self._held[message.object_id]
+        held.relay.return_credit(held.receiver)
+
+    def return_held_credits(self, sender: str, request_id: str) -> None:
+        """``sender`` dropped ``request_id`` (abort, failure): give back the credits its receivers hold.
+
+        A receiver returns them itself when it drops the request too; this covers
+        a receiver that never will (its process died).
+        """
+        for object_id, held in list(self._held.items()):
+            if held.sender == sender and held.request_id == request_id:
+                del self._held[object_id]
+                held.relay.return_credit(held.receiver)
+
+    def held_credits(self, sender: str | None = None) -> int:
+        """Credits of ``sender`` (or of every stage here) that receivers hold until their scheduler takes the object."""
+        return sum(1 for held in self._held.values() if sender is None or held.sender == sender)
+
+    def _credit_hold(self, ref: DataRef, request_id: str, sender: str, stage: Stage) -> _CreditHold | None:
+        """For a shared-memory chunk to a stage whose inbox reports takes: what returns the sender's credit."""
+        if ref.buffer is None or sender == COORDINATOR or not stage.reports_takes:
+            return None
+        message = m.CreditReturn(
+            request_id=request_id, from_stage=stage.name, to_stage=sender, object_id=ref.object_id
+        )
+        return _CreditHold(self, self.placement.get(sender, "main"), message)
 
     def _slot_releaser(self, ref: DataRef, sender: str, receiver: str) -> Callable[[], None] | None:
         """For a pooled transfer: what tells ``sender`` that no tensor views its slot any more.
@@ -577,8 +685,8 @@ class Endpoint:
 
         return released
 
-    def _queue_release(self, process: str, message: m.SlotRelease) -> None:
-        """On the trio loop: queue a slot release; one task sends the queue in order."""
+    def _queue_release(self, process: str, message: m.ControlMessage) -> None:
+        """On the trio loop: queue a slot release (or a credit return); one task sends the queue in order."""
         # Runs as a run_sync_soon callback, where an exception would crash the trio run.
         nursery = self._nursery
         if nursery is None or self._serving.cancel_called:

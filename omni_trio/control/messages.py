@@ -28,6 +28,7 @@ __all__ = [
     "AbortDone",
     "Complete",
     "ControlMessage",
+    "CreditReturn",
     "DataAck",
     "DataReady",
     "Ready",
@@ -188,7 +189,10 @@ class DataAck(ControlMessage):
     """Receiver → sender: one relay object was read (or failed); free it.
 
     ``from_stage`` is the acker (data receiver), ``to_stage`` the original
-    sender. ``error`` is required iff ``success`` is false.
+    sender. ``error`` is required iff ``success`` is false. ``credit_held``
+    (successful ACKs only): the object went to a stage whose scheduler has
+    yet to take it; the sender keeps the transfer's credit until a
+    :class:`CreditReturn` for ``object_id`` (or the request's end).
     """
 
     request_id: str = attrs.field(validator=_nonempty_str)
@@ -197,12 +201,32 @@ class DataAck(ControlMessage):
     object_id: str = attrs.field(validator=_nonempty_str)
     success: bool = attrs.field(validator=_exact(bool))
     error: str | None = attrs.field(default=None, validator=_opt_str)
+    credit_held: bool = attrs.field(default=False, validator=_exact(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.success and self.error is not None:
             raise ValueError("DataAck: a successful ACK carries no error")
         if not self.success and not self.error:
             raise ValueError("DataAck: a failure ACK needs an error text")
+        if self.credit_held and not self.success:
+            raise ValueError("DataAck: only a successful ACK holds the credit")
+
+
+@message("credit_return")
+@attrs.frozen
+class CreditReturn(ControlMessage):
+    """Receiver → sender: the scheduler took object ``object_id`` (or the receiver dropped it).
+
+    Follows a ``DataAck(credit_held=True)`` for the same object: the sender
+    returns the transfer's credit of ``from_stage`` (the receiver) now. One
+    for an object the sender does not hold a credit for (already returned,
+    the request ended) is ignored.
+    """
+
+    request_id: str = attrs.field(validator=_nonempty_str)
+    from_stage: str = attrs.field(validator=_nonempty_str)
+    to_stage: str = attrs.field(validator=_nonempty_str)
+    object_id: str = attrs.field(validator=_nonempty_str)
 
 
 @message("slot_release")

@@ -5,6 +5,7 @@ A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
 """
 
 from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, StageScheduler
 from omni_trio.scheduling.session import (
@@ -19,6 +20,7 @@ from omni_trio.scheduling.streaming import StreamingSimpleScheduler
 from omni_trio.scheduling.threaded import ThreadedSimpleScheduler
 
 __all__ = [
+    "Inbox",
     "IncomingMessage",
     "Outbox",
     "OutgoingMessage",

@@ -28,6 +28,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -93,7 +94,7 @@ class SimpleScheduler(BatchingOptions):
                 "drop batch_compute_fn and max_concurrency, or drop inline"
             )
         self.inline = inline
-        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
         self.compute_fn = compute_fn
         self._init_batching(

@@ -31,6 +31,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.simple import BatchComputeFn, ComputeFn
@@ -78,7 +79,7 @@ class StreamingSimpleScheduler(BatchingOptions):
         max_pending: int | None = None,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
-        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
         self.compute_fn = compute_fn
         self._init_batching(

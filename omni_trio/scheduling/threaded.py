@@ -27,6 +27,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -59,7 +60,7 @@ class ThreadedSimpleScheduler:
             if max_concurrency is None:
                 raise ValueError("max_concurrency=None (no cap) is only allowed with dispatch_fn")
         self.max_pending = checked_max_pending(max_pending)
-        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
         self.compute_fn = compute_fn
         self.dispatch_fn = dispatch_fn

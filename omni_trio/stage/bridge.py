@@ -111,6 +111,7 @@ class OutboxWaiter:
         self._outbox = outbox
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
+        outbox.attach(self._trio_thread)  # puts on the loop (inline compute) never wait for the stream bound
 
     def start(self) -> None:
         """Nothing to start: no thread is needed."""
@@ -136,8 +137,9 @@ class OutboxWaiter:
             _post(self._token, arrived.set)
 
     def close(self) -> None:
-        """Disarm the outbox: nobody drains any more."""
+        """Disarm the outbox, and let every put through: nobody drains any more."""
         self._outbox.disarm()
+        self._outbox.stop_blocking()
 
 
 class OutboxPump:

@@ -25,6 +25,8 @@ from omni_trio.config import StageConfig, import_string
 from omni_trio.errors import StageStartupError
 from omni_trio.idset import BoundedIdSet
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
+from omni_trio.scheduling.inbox import Inbox
+from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
@@ -111,6 +113,7 @@ class Stage:
         self._scopes = RequestScopes()
         self._in_flight_sends = 0
         self._relay_in_use: Callable[[], int] = lambda: 0
+        self._on_retire: Callable[[str], None] | None = None
         self._unhealthy: str | None = None
 
         self._stop_requested = trio.Event()
@@ -130,11 +133,23 @@ class Stage:
             None if config.wait_for_fn is None else import_string(config.wait_for_fn),
         )
 
-    def connect(self, links: dict[str, StageLink], relay_in_use: Callable[[], int] | None = None) -> None:
-        """Give the stage its outgoing edges (one link per stage it may send to)."""
+    def connect(
+        self,
+        links: dict[str, StageLink],
+        relay_in_use: Callable[[], int] | None = None,
+        on_retire: Callable[[str], None] | None = None,
+    ) -> None:
+        """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
+        runs when the stage drops a request (abort or failure), after its own cleanup."""
         self._links = dict(links)
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
+        self._on_retire = on_retire
+
+    @property
+    def reports_takes(self) -> bool:
+        """Whether the scheduler's inbox tells when a message was taken (an :class:`Inbox`)."""
+        return isinstance(self.scheduler.inbox, Inbox)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,6 +201,9 @@ class Stage:
             await self._thread.finished.wait()
         if waited.cancelled_caught:
             log.warning("scheduler_thread_still_running", stage=self.name, after_s=STOP_GRACE_S)
+        if waited.cancelled_caught and isinstance(self.scheduler.outbox, Outbox):
+            # Blocked putting a stream message behind a drain that cannot send (a consumer gone)?
+            self.scheduler.outbox.stop_blocking()
         # Everything the scheduler published before stopping is still routed, then the drain ends.
         self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
         with trio.move_on_after(STOP_GRACE_S):
@@ -230,14 +248,33 @@ class Stage:
         if merged is not None:
             await self.execute(merged)
 
-    async def deliver_stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
-        """Upstream stream chunks for ``request_id`` arrived (in order)."""
+    async def deliver_stream_chunks(
+        self,
+        request_id: str,
+        from_stage: str,
+        items: list[StreamItem],
+        on_taken: Callable[[], object] | None = None,
+    ) -> bool:
+        """Upstream stream chunks for ``request_id`` arrived (in order).
+
+        With ``on_taken`` and an :class:`Inbox`, the last chunk is queued so that
+        ``on_taken`` runs once the scheduler has taken it (or an abort purged it):
+        the result is True then, and False when ``on_taken`` will never run
+        (the chunks were dropped, or the inbox cannot tell).
+        """
         if request_id in self.aborted:
-            return
+            return False
         if not await self._open_stream(request_id, from_stage, "stream chunk"):
-            return
-        for item in items:
-            self.scheduler.inbox.put(IncomingMessage(request_id, "stream_chunk", item))
+            return False
+        inbox = self.scheduler.inbox
+        messages = [IncomingMessage(request_id, "stream_chunk", item) for item in items]
+        tracked = on_taken is not None and isinstance(inbox, Inbox) and bool(messages)
+        for message in messages[:-1] if tracked else messages:
+            inbox.put(message)
+        if tracked:
+            assert on_taken is not None
+            inbox.put_tracked(messages[-1], on_taken)
+        return tracked
 
     async def deliver_stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
         """An upstream stream ended (or failed with ``error``)."""
@@ -304,10 +341,15 @@ class Stage:
         self.aborted.add(request_id)
         self._scopes.cancel(request_id)
         self._purge_inbox(request_id)
+        if isinstance(self.scheduler.outbox, Outbox):
+            # Unsent chunks go now, and a producer blocked putting one for this request is let go.
+            self.scheduler.outbox.discard_streams(request_id)
         try:
             self.scheduler.abort(request_id)
         except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling
             log.warning("scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
+        if self._on_retire is not None:
+            self._on_retire(request_id)
 
     def _purge_inbox(self, request_id: str) -> None:
         """Take a retired request's queued messages out of the scheduler's inbox.
@@ -316,6 +358,9 @@ class Stage:
         them, and a retired request holds nothing in the stage afterwards.
         """
         inbox = self.scheduler.inbox
+        if isinstance(inbox, Inbox):
+            inbox.purge(request_id)  # runs the callbacks of tracked chunks (their credits go back)
+            return
         if not isinstance(inbox, queue.Queue) or not isinstance(inbox.queue, collections.deque):
             return  # not a FIFO queue.Queue: only the scheduler itself can drop the messages
         with inbox.mutex:

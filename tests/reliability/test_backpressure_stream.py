@@ -1,18 +1,19 @@
 """Back-pressure on a stream between worker processes: a fast producer, a slow consumer, 1 GiB.
 
-The passing test streams 1,024 chunks of 1 MiB (float32) from a producer that makes each chunk only
-when its outbox has room (``tests.stages.LazyProducer``) into a consumer in another process that
-sleeps 1 ms per chunk and keeps only a running checksum. No chunk is lost, duplicated or reordered
-(chunk ids and contents are checked one by one, plus a checksum), and the resident memory of the
-caller, the producer's worker and the consumer's worker grows by less than ``RSS_BOUND`` (during and
-after, sampled every 20 ms).
+The first test streams 1,024 chunks of 1 MiB (float32) from a producer that makes each chunk only
+when its outbox has room (``tests.stages.LazyProducer``, an ``Outbox(max_queued_streams=4)``) into a
+consumer in another process that sleeps 1 ms per chunk and keeps only a running checksum. No chunk
+is lost, duplicated or reordered (chunk ids and contents are checked one by one, plus a checksum),
+and the resident memory of the caller, the producer's worker and the consumer's worker grows by less
+than ``RSS_BOUND`` (during and after, sampled every 20 ms).
 
-The two xfail tests pin where back-pressure stops (see docs/reliability.md):
-* a consumer that is slower than the transport collects the whole rest of the stream in its
-  scheduler's inbox: the receiver ACKs a shared-memory chunk as soon as it has read it, before the
-  scheduler consumed it, so credits throttle the copy and not the consumer;
-* a producer that puts chunks into its (unbounded ``queue.Queue``) outbox as fast as it makes them
-  holds the stream in memory: credits throttle the outbox drain, not the scheduler thread.
+Two more tests push each end (they were strict xfails until the runtime bounded both, see
+docs/reliability.md):
+* a consumer that stalls with chunks queued: each shared-memory chunk holds its sender's credit until
+  the consumer's scheduler has taken it from its ``Inbox``, so the stalled consumer's process holds at
+  most ``comm.credits`` unprocessed chunks;
+* a producer that puts chunks as fast as it makes them, into an ``Outbox(max_queued_streams=4)``:
+  its ``put`` waits while four chunks are unsent.
 """
 
 from __future__ import annotations
@@ -139,13 +140,6 @@ async def test_one_gib_stream_into_a_slow_consumer_keeps_order_and_memory(ipc_ba
         assert after[name] - monitor.base[name] < RSS_BOUND, monitor.describe(after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: omni_trio/control/endpoint.py:466 (receive_object.read) — the receiver ACKs a shared-memory "
-    "chunk right after reading it, before the lane delivery to the scheduler, whose inbox is an unbounded "
-    "queue.Queue; the credits (stage.comm.credits) therefore bound the transfers in flight, not the chunks a slow "
-    "consumer has yet to process, and a stalled consumer's process holds the rest of the stream in memory",
-)
 async def test_a_stalled_consumer_throttles_the_transfer(ipc_base: Path) -> None:
     chunks, numel = 128, MIB  # 128 float32 chunks of 4 MiB: 512 MiB, all sent while the consumer stalls
     config = stream_config(ipc_base, "create_lazy_producer", {"chunks": chunks, "numel": numel, "max_queued": 2},
@@ -161,15 +155,10 @@ async def test_a_stalled_consumer_throttles_the_transfer(ipc_base: Path) -> None
     assert growth["p_cons"] < RSS_BOUND, f"consumer grew by {growth['p_cons'] / MIB:.0f} MiB while stalled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: omni_trio/stage/bridge.py:106 (OutboxPump._body) and design.md §9 'Credits' — back-pressure stops "
-    "at the outbox drain: the scheduler's outbox is an unbounded queue.Queue, so a producer thread that puts "
-    "chunks as fast as it makes them (tests.stages.Producer) holds the whole not-yet-sent stream in memory",
-)
 async def test_an_eager_producer_is_throttled(ipc_base: Path) -> None:
     chunks, numel = 512, MIB // 4  # 512 float32 chunks of 1 MiB: half the passing test's stream
-    config = stream_config(ipc_base, "create_producer", {"chunks": chunks, "numel": numel}, {"sleep_s": 0.0})
+    config = stream_config(ipc_base, "create_producer", {"chunks": chunks, "numel": numel, "max_queued_streams": 4},
+                           {"sleep_s": 0.0})
     with trio.fail_after(60):
         async with ot.open_pipeline(config) as pipeline:
             result, monitor = await stream_and_watch(pipeline, "eager", {})

@@ -74,3 +74,100 @@ def test_taking_frees_room_for_a_blocked_put() -> None:
     putter.join(timeout=10)
     assert not putter.is_alive()
     assert outbox.get_nowait().request_id == "b"
+
+
+# ---------------------------------------------------------------------------- the stream bound
+
+
+def chunk(request_id: str, i: int = 0) -> OutgoingMessage:
+    return OutgoingMessage(request_id, "stream", data=i)
+
+
+def put_in_thread(outbox: Outbox, message: OutgoingMessage) -> tuple[threading.Thread, threading.Event]:
+    """Put ``message`` from another thread; the event is set once the put returned."""
+    done = threading.Event()
+
+    def body() -> None:
+        outbox.put(message)
+        done.set()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_a_stream_put_past_the_bound_waits_for_a_take() -> None:
+    outbox = Outbox(max_queued_streams=2)
+    outbox.put(chunk("a", 0))
+    outbox.put(chunk("a", 1))
+    with pytest.raises(queue.Full):
+        outbox.put(chunk("a", 2), block=False)
+    with pytest.raises(queue.Full):
+        outbox.put(chunk("a", 2), timeout=0.01)
+    # Results, errors and the wakeup sentinel never wait.
+    outbox.put(out("a"))
+    outbox.put(OutgoingMessage("a", "error", data="x"))
+    outbox.put(OutgoingMessage("", "wakeup"))
+    thread, done = put_in_thread(outbox, chunk("a", 2))
+    assert not done.wait(0.05)  # blocked: two chunks queued
+    assert outbox.queued_streams == 2
+    taken = outbox.take_or_arm(1, lambda: None)
+    assert [m.data for m in taken] == [0]
+    thread.join(timeout=5)
+    assert done.is_set()
+    assert [(m.type, m.data) for m in outbox.take_or_arm(64, lambda: None)] == [
+        ("stream", 1), ("result", "a"), ("error", "x"), ("wakeup", None), ("stream", 2)
+    ]
+    assert outbox.queued_streams == 0
+
+
+def test_get_frees_room_too() -> None:
+    outbox = Outbox(max_queued_streams=1)
+    outbox.put(chunk("a", 0))
+    thread, done = put_in_thread(outbox, chunk("a", 1))
+    assert not done.wait(0.05)
+    assert outbox.get().data == 0
+    thread.join(timeout=5)
+    assert done.is_set() and outbox.queued_streams == 1
+
+
+def test_puts_on_the_stage_loop_thread_never_wait() -> None:
+    outbox = Outbox(max_queued_streams=1)
+    outbox.attach(threading.get_ident())  # this thread stands for the stage's event loop (inline compute)
+    for i in range(10):
+        outbox.put(chunk("a", i))
+    assert outbox.queued_streams == 10
+
+
+def test_stop_blocking_lets_a_waiting_put_through() -> None:
+    outbox = Outbox(max_queued_streams=1)
+    outbox.put(chunk("a", 0))
+    thread, done = put_in_thread(outbox, chunk("a", 1))
+    assert not done.wait(0.05)
+    outbox.stop_blocking()
+    thread.join(timeout=5)
+    assert done.is_set()
+    outbox.put(chunk("a", 2), block=False)  # no bound any more
+    assert outbox.queued_streams == 3
+
+
+def test_discarding_a_retired_request_frees_its_room_and_drops_its_later_chunks() -> None:
+    outbox = Outbox(max_queued_streams=2)
+    outbox.put(chunk("a", 0))
+    outbox.put(out("a"))
+    outbox.put(chunk("b", 0))
+    thread, done = put_in_thread(outbox, chunk("a", 1))
+    assert not done.wait(0.05)
+    assert outbox.discard_streams("a") == 1
+    thread.join(timeout=5)
+    assert done.is_set()
+    outbox.put(chunk("a", 2), block=False)  # dropped: the request is retired
+    # The result stays (the stage releases a retired request's result itself), the other request's chunk too.
+    assert [(m.request_id, m.type) for m in outbox.take_or_arm(64, lambda: None)] == [("a", "result"), ("b", "stream")]
+    assert outbox.queued_streams == 0 and outbox.unfinished_tasks == 2
+
+
+def test_the_bound_is_validated() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_queued_streams"):
+            Outbox(max_queued_streams=bad)  # type: ignore[arg-type]
