@@ -382,6 +382,41 @@ class Endpoint:
                 self.tracer.event("comm_stream_send", chunk_id=chunk_ids.start, chunk_count=len(chunk_ids), **fields)
         return True
 
+    async def send_chunks(
+        self,
+        chunks: list[Any],
+        first_id: int,
+        *,
+        request_id: str,
+        sender: str,
+        receiver: str,
+        make: Callable[[dict[str, Any], int, int], m.ControlMessage],
+    ) -> None:
+        """Send consecutive stream chunks ``first_id, ...`` in few messages, each ``make(data_ref, first, count)``.
+
+        Small chunks travel together, up to
+        :data:`~omni_trio.control.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
+        message; a group too big to go inline is halved until it does, down to
+        single chunks that go by their own transport (so a chunk that needs shared
+        memory travels alone, as it would without its neighbours).
+        """
+
+        async def send(group: list[Any], group_first: int, inline_only: bool) -> bool:
+            return await self.send_object(
+                group,
+                request_id=request_id,
+                sender=sender,
+                receiver=receiver,
+                kind=DataRefKind.stream_chunk,
+                direction="stream",
+                chunk_ids=range(group_first, group_first + len(group)),
+                inline_only=inline_only,
+                make=lambda ref: make(ref, group_first, len(group)),
+            )
+
+        for start in range(0, len(chunks), m.MAX_CHUNKS_PER_MESSAGE):
+            await _send_group(chunks[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
+
     async def _await_ack(self, object_id: str, pending: _PendingTransfer) -> None:
         with trio.move_on_after(ACK_TIMEOUT_S):
             await pending.acked.wait()
@@ -734,21 +769,6 @@ def chunk_list(value: object, count: int) -> list[Any]:
     return value
 
 
-async def send_chunk_runs(
-    items: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]
-) -> None:
-    """Send consecutive chunks ``first_id, ...`` in few messages: ``send(group, group_first_id, inline_only)``.
-
-    Small chunks travel together, up to
-    :data:`~omni_trio.control.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
-    message; a group too big to go inline is halved until it does, down to
-    single chunks that go by their own transport (so a chunk that needs shared
-    memory travels alone, as it would without its neighbours).
-    """
-    for start in range(0, len(items), m.MAX_CHUNKS_PER_MESSAGE):
-        await _send_group(items[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
-
-
 async def _send_group(group: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]) -> None:
     if len(group) == 1:
         await send(group, first_id, False)
@@ -793,28 +813,21 @@ class RemoteStageLink:
 
     async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
         """Send consecutive chunks (each with its metadata) in as few messages as possible."""
-
-        async def send(group: list[tuple[Any, Any]], first_id: int, inline_only: bool) -> bool:
-            return await self._endpoint.send_object(
-                group,
+        await self._endpoint.send_chunks(
+            [(item.data, item.metadata) for item in items],
+            items[0].chunk_id,
+            request_id=request_id,
+            sender=from_stage,
+            receiver=self.target,
+            make=lambda ref, first, count: m.DataReady(
                 request_id=request_id,
-                sender=from_stage,
-                receiver=self.target,
-                kind=DataRefKind.stream_chunk,
-                direction="stream",
-                chunk_ids=range(first_id, first_id + len(group)),
-                inline_only=inline_only,
-                make=lambda ref: m.DataReady(
-                    request_id=request_id,
-                    from_stage=from_stage,
-                    to_stage=self.target,
-                    data_ref=ref,
-                    chunk_id=first_id,
-                    chunk_count=len(group),
-                ),
-            )
-
-        await send_chunk_runs([(item.data, item.metadata) for item in items], items[0].chunk_id, send)
+                from_stage=from_stage,
+                to_stage=self.target,
+                data_ref=ref,
+                chunk_id=first,
+                chunk_count=count,
+            ),
+        )
 
     async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
         """Send the end-of-stream (or stream error) signal."""
@@ -851,25 +864,18 @@ class RemoteCoordinatorLink:
         self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
     ) -> None:
         """Send consecutive chunks for the caller's stream (through the data plane, few messages)."""
-
-        async def send(group: list[Any], first_id: int, inline_only: bool) -> bool:
-            return await self._endpoint.send_object(
-                group,
+        await self._endpoint.send_chunks(
+            chunks,
+            first_chunk_id,
+            request_id=request_id,
+            sender=from_stage,
+            receiver=COORDINATOR,
+            make=lambda ref, first, count: m.Stream(
                 request_id=request_id,
-                sender=from_stage,
-                receiver=COORDINATOR,
-                kind=DataRefKind.stream_chunk,
-                direction="stream",
-                chunk_ids=range(first_id, first_id + len(group)),
-                inline_only=inline_only,
-                make=lambda ref: m.Stream(
-                    request_id=request_id,
-                    from_stage=from_stage,
-                    chunk_id=first_id,
-                    chunk_count=len(group),
-                    modality=modality,
-                    data_ref=ref,
-                ),
-            )
-
-        await send_chunk_runs(chunks, first_chunk_id, send)
+                from_stage=from_stage,
+                chunk_id=first,
+                chunk_count=count,
+                modality=modality,
+                data_ref=ref,
+            ),
+        )
