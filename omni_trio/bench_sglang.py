@@ -402,6 +402,12 @@ def merge(inputs: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- configs (child side)
 
 
+@functools.cache
+def _base_dir() -> tempfile.TemporaryDirectory[str]:
+    """Where the child's pipelines put their sockets: removed, with everything in it, when the child exits."""
+    return tempfile.TemporaryDirectory(prefix="omnitrio-bench-sglang-")
+
+
 def _pipeline(name: str, entry: str, stages: list[dict[str, Any]]) -> Any:
     from sglang_omni.config.schema import (
         EndpointsConfig,
@@ -411,7 +417,7 @@ def _pipeline(name: str, entry: str, stages: list[dict[str, Any]]) -> Any:
 
     return PipelineConfig(
         model_path="bench", name=name, entry_stage=entry,
-        endpoints=EndpointsConfig(base_path=tempfile.mkdtemp(prefix="omnitrio-bench-sglang-")),
+        endpoints=EndpointsConfig(base_path=tempfile.mkdtemp(prefix="run-", dir=_base_dir().name)),
         stages=[StageConfig(**stage) for stage in stages],
     )
 
