@@ -118,9 +118,23 @@ class TensorPlaceholder:
         return (TensorPlaceholder, (self.index, self.shape, self.dtype, self.device))
 
 
+#: Where a node sits in a walked object: ``(parent's path, key)``, None for the root. Formatted
+#: (:func:`describe_path`) only to word an error: formatting costs more than the walk itself.
+Path = tuple[Any, object] | None
+
+
+def describe_path(path: Path) -> str:
+    """``<root>[0]['pcm']``: the place a :data:`Path` stands for."""
+    keys: list[object] = []
+    while path is not None:
+        path, key = path
+        keys.append(key)
+    return "<root>" + "".join(f"[{key!r}]" for key in reversed(keys))
+
+
 def _check_tensor(tensor: torch.Tensor, where: Callable[[], str]) -> str:
     """Validate a tensor for the data plane; return its dtype string. ``where()`` describes its place
-    (called only to word an error: formatting paths costs more than the checks)."""
+    (called only to word an error)."""
     name = str(tensor.dtype)
     if name not in SUPPORTED_DTYPES:
         raise UnsupportedDtype(
@@ -168,31 +182,21 @@ def _rebuild_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ..
     return type(original)(items)
 
 
-def _item_path(parent: Callable[[], str], key: object) -> Callable[[], str]:
-    # Lazy: paths are only formatted for error messages.
-    return lambda: f"{parent()}[{key!r}]"
-
-
 def _map_containers(
     obj: object,
-    leaf: Callable[[object, Callable[[], str]], object],
+    leaf: Callable[[object, Path], object],
 ) -> object:
     """Walk dicts/lists/tuples, applying ``leaf`` to everything else.
 
     Containers are rebuilt only when something inside changed (identity
     comparison), so tensor-free data is returned without copying. ``leaf``
-    receives a lazy path description, used only for error messages.
+    receives the node's :data:`Path`, for error messages.
     Cycles raise ValueError instead of recursing forever.
     """
-    return _walk(obj, lambda: "<root>", leaf, set())
+    return _walk(obj, None, leaf, set())
 
 
-def _walk(
-    node: object,
-    where: Callable[[], str],
-    leaf: Callable[[object, Callable[[], str]], object],
-    active: set[int],
-) -> object:
+def _walk(node: object, path: Path, leaf: Callable[[object, Path], object], active: set[int]) -> object:
     # A module-level function, not a closure that calls itself: such a closure
     # is a reference cycle (through its own cell) that keeps ``leaf``, and what
     # ``leaf`` captured (restore's received tensors, possibly views of a pooled
@@ -200,13 +204,13 @@ def _walk(
     if isinstance(node, dict):
         container_id = id(node)
         if container_id in active:
-            raise ValueError(f"cyclic container at {where()}")
+            raise ValueError(f"cyclic container at {describe_path(path)}")
         active.add(container_id)
         try:
             items: list[tuple[Any, Any]] = []
             changed = False
             for key, value in node.items():
-                new_value = _walk(value, _item_path(where, key), leaf, active)
+                new_value = _walk(value, (path, key), leaf, active)
                 changed = changed or new_value is not value
                 items.append((key, new_value))
         finally:
@@ -215,13 +219,13 @@ def _walk(
     if isinstance(node, (list, tuple)):
         container_id = id(node)
         if container_id in active:
-            raise ValueError(f"cyclic container at {where()}")
+            raise ValueError(f"cyclic container at {describe_path(path)}")
         active.add(container_id)
         try:
             elems: list[Any] = []
             changed = False
             for i, value in enumerate(node):
-                new_value = _walk(value, _item_path(where, i), leaf, active)
+                new_value = _walk(value, (path, i), leaf, active)
                 changed = changed or new_value is not value
                 elems.append(new_value)
         finally:
@@ -231,7 +235,7 @@ def _walk(
         if isinstance(node, list):
             return _rebuild_list(node, elems)
         return _rebuild_tuple(node, elems)
-    return leaf(node, where)
+    return leaf(node, path)
 
 
 def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
@@ -249,13 +253,13 @@ def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
     by_identity: dict[int, TensorPlaceholder] = {}
     counter = itertools.count()
 
-    def leaf(node: object, where: Callable[[], str]) -> object:
+    def leaf(node: object, path: Path) -> object:
         if not isinstance(node, torch.Tensor):
             return node
         seen = by_identity.get(id(node))
         if seen is not None:
             return seen
-        dtype = _check_tensor(node, where)
+        dtype = _check_tensor(node, functools.partial(describe_path, path))
         placeholder = TensorPlaceholder(
             index=next(counter),
             shape=tuple(node.shape),
@@ -432,12 +436,12 @@ def restore(obj: object, tensors: Mapping[str, torch.Tensor]) -> object:
     if a placeholder has no tensor.
     """
 
-    def leaf(node: object, where: Callable[[], str]) -> object:
+    def leaf(node: object, path: Path) -> object:
         if not isinstance(node, TensorPlaceholder):
             return node
         try:
             return tensors[node.path]
         except KeyError:
-            raise LayoutError(f"no tensor for placeholder {node.path!r} at {where()}") from None
+            raise LayoutError(f"no tensor for placeholder {node.path!r} at {describe_path(path)}") from None
 
     return _map_containers(obj, leaf)
