@@ -27,7 +27,8 @@ from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
-from omni_trio.control.endpoint import Endpoint, RemoteStageLink
+from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.links import RemoteStageLink
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError
 from omni_trio.payload import StagePayload

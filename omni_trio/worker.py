@@ -26,7 +26,8 @@ import trio
 import zmq
 
 from omni_trio.control import messages as m
-from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, RemoteCoordinatorLink, abort_path, ready_topic
+from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
+from omni_trio.control.links import RemoteCoordinatorLink
 from omni_trio.control.zmq_trio import connect_sub
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path

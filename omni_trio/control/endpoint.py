@@ -9,8 +9,8 @@ broadcast channel (PUB/SUB).
 
 The endpoint turns messages into calls on the stages it hosts (the same
 ``on_submit``/``deliver_*``/``on_abort`` methods same-process links call),
-and gives those stages :class:`RemoteStageLink` and
-:class:`RemoteCoordinatorLink` objects for peers in other processes.
+and carries what their :mod:`omni_trio.control.links` (the edges to peers in
+other processes) send.
 
 A malformed, truncated or unknown frame is logged with the socket it came
 from and dropped; it never ends the receive loop.
@@ -36,6 +36,7 @@ from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRela
 from omni_trio.comm.transfer import decode_object, encode_inline, encode_object
 from omni_trio.control import messages as m
 from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.lanes import Lanes
 from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.stage.stage import describe_error
@@ -125,46 +126,6 @@ class _CreditHold:
         self._done = True
         with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(self._endpoint._queue_release, self._process, self._message)
-
-
-class Lanes:
-    """Delivers the messages of one (request, sender, receiver) lane in arrival order,
-    while their reads overlap."""
-
-    def __init__(self) -> None:
-        self._tails: dict[tuple[str, str, str], trio.Event] = {}
-
-    def idle(self, lane: tuple[str, str, str]) -> bool:
-        """True when nothing of ``lane`` is still being read or delivered."""
-        return lane not in self._tails
-
-    def claim(self, lane: tuple[str, str, str]) -> tuple[trio.Event | None, trio.Event]:
-        """Take the next place in ``lane``, in arrival order: call it before any checkpoint."""
-        previous = self._tails.get(lane)
-        mine = self._tails[lane] = trio.Event()
-        return previous, mine
-
-    async def run(
-        self,
-        lane: tuple[str, str, str],
-        place: tuple[trio.Event | None, trio.Event],
-        read: Callable[[], Awaitable[Any]],
-        deliver: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        """``read()`` now, then ``deliver(value)`` once earlier messages of the lane were delivered."""
-        previous, mine = place
-        try:
-            value = await read()
-            if previous is not None:
-                await previous.wait()
-            await deliver(value)
-        finally:
-            mine.set()
-            if self._tails.get(lane) is mine:
-                del self._tails[lane]
-
-    def __len__(self) -> int:
-        return len(self._tails)
 
 
 class Endpoint:
@@ -784,98 +745,3 @@ class _ReadFailed(Exception):
 
 async def _nothing() -> None:
     return None
-
-
-class RemoteStageLink:
-    """An edge to a stage in another process: data goes through :class:`Endpoint`."""
-
-    local = False
-
-    def __init__(self, endpoint: Endpoint, sender: str, target: str) -> None:
-        self.target = target
-        self._endpoint = endpoint
-        self._sender = sender
-        self._process = endpoint.placement[target]
-
-    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
-        """Send the payload (inline or through shared memory)."""
-        await self._endpoint.send_object(
-            payload,
-            request_id=request_id,
-            sender=from_stage,
-            receiver=self.target,
-            kind=DataRefKind.stage_payload,
-            direction="payload",
-            make=lambda ref: m.DataReady(
-                request_id=request_id, from_stage=from_stage, to_stage=self.target, data_ref=ref
-            ),
-        )
-
-    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
-        """Send consecutive chunks (each with its metadata) in as few messages as possible."""
-        await self._endpoint.send_chunks(
-            [(item.data, item.metadata) for item in items],
-            items[0].chunk_id,
-            request_id=request_id,
-            sender=from_stage,
-            receiver=self.target,
-            make=lambda ref, first, count: m.DataReady(
-                request_id=request_id,
-                from_stage=from_stage,
-                to_stage=self.target,
-                data_ref=ref,
-                chunk_id=first,
-                chunk_count=count,
-            ),
-        )
-
-    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
-        """Send the end-of-stream (or stream error) signal."""
-        message = m.DataReady(
-            request_id=request_id, from_stage=from_stage, to_stage=self.target, is_done=error is None, error=error
-        )
-        await self._endpoint.send(self._process, message)
-
-
-class RemoteCoordinatorLink:
-    """A worker stage's edge to the coordinator in the main process."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self._endpoint = endpoint
-
-    async def complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
-        """Send the terminal result (through the data plane: it may hold tensors) or a failure."""
-        if error is not None:
-            await self._endpoint.send(
-                "main", m.Complete(request_id=request_id, from_stage=from_stage, success=False, error=error)
-            )
-            return
-        await self._endpoint.send_object(
-            result,
-            request_id=request_id,
-            sender=from_stage,
-            receiver=COORDINATOR,
-            kind=DataRefKind.stage_payload,
-            direction="result",
-            make=lambda ref: m.Complete(request_id=request_id, from_stage=from_stage, success=True, data_ref=ref),
-        )
-
-    async def stream(
-        self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
-    ) -> None:
-        """Send consecutive chunks for the caller's stream (through the data plane, few messages)."""
-        await self._endpoint.send_chunks(
-            chunks,
-            first_chunk_id,
-            request_id=request_id,
-            sender=from_stage,
-            receiver=COORDINATOR,
-            make=lambda ref, first, count: m.Stream(
-                request_id=request_id,
-                from_stage=from_stage,
-                chunk_id=first,
-                chunk_count=count,
-                modality=modality,
-                data_ref=ref,
-            ),
-        )
