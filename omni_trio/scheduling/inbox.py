@@ -43,10 +43,18 @@ class Inbox(queue.Queue[IncomingMessage]):
 
     def put_tracked(self, item: IncomingMessage, on_taken: Callable[[], object]) -> None:
         """Queue ``item`` (never waits, whatever ``maxsize``) and run ``on_taken`` once it leaves the inbox."""
+        self.put_all([item], on_taken)
+
+    def put_all(self, items: list[IncomingMessage], on_taken: Callable[[], object] | None = None) -> None:
+        """Queue ``items`` in order in one go (never waits, whatever ``maxsize``): a run of chunks wakes
+        the scheduler once, not once per chunk. ``on_taken`` (if given) runs once the last one leaves."""
+        if not items:
+            return
         with self.mutex:
-            self._on_taken.setdefault(id(item), []).append(on_taken)
-            self.queue.append(item)
-            self.unfinished_tasks += 1
+            if on_taken is not None:
+                self._on_taken.setdefault(id(items[-1]), []).append(on_taken)
+            self.queue.extend(items)
+            self.unfinished_tasks += len(items)
             self.not_empty.notify()
 
     def _get(self) -> IncomingMessage:

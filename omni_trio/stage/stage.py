@@ -268,13 +268,12 @@ class Stage:
             return False
         inbox = self.scheduler.inbox
         messages = [IncomingMessage(request_id, "stream_chunk", item) for item in items]
-        tracked = on_taken is not None and isinstance(inbox, Inbox) and bool(messages)
-        for message in messages[:-1] if tracked else messages:
+        if isinstance(inbox, Inbox):
+            inbox.put_all(messages, on_taken)
+            return on_taken is not None and bool(messages)
+        for message in messages:
             inbox.put(message)
-        if tracked:
-            assert on_taken is not None
-            inbox.put_tracked(messages[-1], on_taken)
-        return tracked
+        return False
 
     async def deliver_stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
         """An upstream stream ended (or failed with ``error``)."""

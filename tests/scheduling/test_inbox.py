@@ -53,3 +53,27 @@ def test_purge_drops_a_request_and_reports_its_tracked_messages() -> None:
     assert inbox.qsize() == 1 and inbox.unfinished_tasks == 1 and inbox.tracked == 1
     assert inbox.get_nowait().data == 2 and reported == [1, 2]
     assert inbox.purge("nobody") == 0
+
+
+def test_put_all_queues_a_run_in_order_and_tracks_its_last_message() -> None:
+    inbox = Inbox(maxsize=1)  # a run is never refused or held back by maxsize
+    taken: list[str] = []
+    inbox.put_all([msg("a", i) for i in range(3)], lambda: taken.append("run"))
+    inbox.put_all([])  # nothing to queue, nothing to track
+    assert inbox.qsize() == 3 and inbox.tracked == 1
+    assert [inbox.get_nowait().data for _ in range(2)] == [0, 1] and taken == []
+    assert inbox.get_nowait().data == 2 and taken == ["run"]
+
+
+def test_put_all_wakes_a_waiting_scheduler() -> None:
+    inbox = Inbox()
+    got: list[int] = []
+
+    def take() -> None:
+        got.append(inbox.get(timeout=5).data)
+
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    inbox.put_all([msg("a", 7), msg("a", 8)])
+    waiter.join(timeout=5)
+    assert got == [7] and inbox.get_nowait().data == 8
