@@ -14,6 +14,7 @@ aborts the request everywhere); the stage keeps serving.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -486,17 +487,10 @@ class Stage:
 
     async def _route_stream_run(self, run: list[tuple[OutgoingMessage, tuple[str, ...]]]) -> None:
         """Send chunks in order, one call per consecutive group of one request and one destination."""
-        start = 0
-        while start < len(run):
-            first, targets = run[start]
-            end = start + 1
-            while end < len(run) and run[end][0].request_id == first.request_id and run[end][1] == targets:
-                end += 1
-            rid = first.request_id
+        for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
             if rid in self.active:
-                group = [out for out, _ in run[start:end]]
+                group = [out for out, _ in members]
                 await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
-            start = end
 
     async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
@@ -512,17 +506,11 @@ class Stage:
         """Send one request's chunks to the caller, a call per consecutive run of one modality."""
         request_id = messages[0].request_id
         ids = self._chunk_ids.setdefault(request_id, {})
-        start = 0
-        while start < len(messages):
-            modality = _modality(messages[start])
-            end = start + 1
-            while end < len(messages) and _modality(messages[end]) == modality:
-                end += 1
+        for modality, members in itertools.groupby(messages, key=_modality):
+            chunks = [out.data for out in members]
             first_id = ids.get("coordinator", 0)
-            ids["coordinator"] = first_id + end - start
-            chunks = [out.data for out in messages[start:end]]
+            ids["coordinator"] = first_id + len(chunks)
             await self._coordinator.stream(request_id, self.name, chunks, first_id, modality)
-            start = end
 
     async def _send_stream(self, request_id: str, target: str, messages: list[OutgoingMessage]) -> None:
         link = self._link(target)
