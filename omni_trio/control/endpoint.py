@@ -33,7 +33,7 @@ import zmq
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
-from omni_trio.comm.transfer import encode_inline, encode_object
+from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.dispatch import Dispatcher
@@ -277,7 +277,8 @@ class Endpoint:
         ACK fails ``request_id`` at ``sender``. With ``inline_only`` an object
         that would not travel inline is not sent: the result is False.
         """
-        start = time.monotonic()
+        tracing = self.tracer.enabled
+        start = time.monotonic() if tracing else 0.0
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
         gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
@@ -293,7 +294,7 @@ class Endpoint:
             ref, put = await encode_object(
                 obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
             )
-        written = time.monotonic()
+        written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value)
         pending = None
         if put is not None:
@@ -308,21 +309,29 @@ class Endpoint:
             raise
         if pending is not None:
             self.spawn(self._transfers.watch, object_id, pending)
-        if self.tracer.enabled:
+        if tracing:
             fields = {
                 "request_id": request_id,
                 "from_stage": sender,
                 "to_stage": receiver,
                 "transport": ref.transport.value,
-                "bytes": ref.nbytes if put is not None else len(ref.header or b""),
+                "wire_bytes": ref.wire_bytes,
                 "write_ms": round((written - start) * 1000, 6),
                 "control_send_ms": _elapsed_ms(written),
                 "elapsed_ms": _elapsed_ms(start),
             }
             if chunk_ids is None:
-                self.tracer.event("comm_payload_send", **fields)
+                self.tracer.event("comm_payload_send", bytes=tensor_bytes(obj), **fields)
             else:
-                self.tracer.event("comm_stream_send", chunk_id=chunk_ids.start, chunk_count=len(chunk_ids), **fields)
+                sizes = [tensor_bytes(chunk) for chunk in obj]  # type: ignore[attr-defined]  # a list of chunks
+                self.tracer.event(
+                    "comm_stream_send",
+                    chunk_id=chunk_ids.start,
+                    chunk_count=len(chunk_ids),
+                    bytes=sum(sizes),
+                    chunk_bytes=sizes,
+                    **fields,
+                )
         return True
 
     async def send_chunks(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omni_trio.comm.dataref import DataRef
 from omni_trio.comm.shm import SegmentCache
-from omni_trio.comm.transfer import decode_object
+from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.lanes import Lanes
 from omni_trio.control.releases import CreditHold, ReleaseSender
@@ -163,7 +163,7 @@ class Receiver:
         sender_process = self._process_of(sender)
 
         async def read() -> Any:
-            start = time.monotonic()
+            start = time.monotonic() if self._tracer.enabled else 0.0
             try:
                 value = await decode_object(
                     ref,
@@ -183,6 +183,7 @@ class Receiver:
             if ref.buffer is not None:
                 await self._ack(ref, request_id, sender, receiver, None, credit_held=credit is not None)
             if self._tracer.enabled and chunk_ids is not None:
+                sizes = [tensor_bytes(chunk) for chunk in value] if type(value) is list else []
                 self._tracer.event(
                     "comm_stream_read",
                     request_id=request_id,
@@ -192,7 +193,9 @@ class Receiver:
                     chunk_count=len(chunk_ids),
                     object_id=ref.object_id,
                     transport=ref.transport.value,
-                    bytes=ref.nbytes or len(ref.header or b""),
+                    bytes=sum(sizes),
+                    chunk_bytes=sizes,
+                    wire_bytes=ref.wire_bytes,
                     elapsed_ms=round((time.monotonic() - start) * 1000, 6),
                 )
             return value
