@@ -146,6 +146,7 @@ class PipelineConfig:
     terminal_stages_fn: str | None = attrs.field(default=None, converter=_optional_dotted)
     endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
     stream_delivery: StreamDeliveryConfig = attrs.field(factory=StreamDeliveryConfig)
+    max_in_flight: int | None = None
 
     def __attrs_post_init__(self) -> None:
         problems = validate(self)
@@ -331,6 +332,13 @@ def _restart_problems(config: PipelineConfig) -> list[ConfigProblem]:
     return problems
 
 
+def _admission_problems(config: PipelineConfig) -> list[ConfigProblem]:
+    limit = config.max_in_flight
+    if limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1):
+        return []
+    return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
+
+
 def _graph_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
     index_of = {stage.name: i for i, stage in enumerate(config.stages)}
@@ -419,6 +427,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
         problems += _stage_problems(i, stage, known)
     problems += _check_hook_value("terminal_stages_fn", config.terminal_stages_fn)
     problems += _restart_problems(config)
+    problems += _admission_problems(config)
     problems += _graph_problems(config, known)
     return problems
 

@@ -22,6 +22,7 @@ from omni_trio.config import PipelineConfig, import_string
 from omni_trio.errors import (
     DuplicateRequestId,
     PipelineClosed,
+    QueueFullError,
     RequestAborted,
     RequestError,
     RequestFailed,
@@ -54,6 +55,7 @@ class PipelineStats:
 
     stages: dict[str, StageStats]
     live_requests: int
+    rejected_requests: int = 0  # refused at admission by max_in_flight, since the pipeline opened
 
     @property
     def idle(self) -> bool:
@@ -95,6 +97,8 @@ class Coordinator:
         self._live: dict[str, _LiveRequest] = {}
         self._aborting: dict[str, trio.Event] = {}
         self._closed: str | None = None
+        self._max_in_flight = config.max_in_flight
+        self._rejected = 0
 
     # ------------------------------------------------------------------ admission
 
@@ -114,6 +118,14 @@ class Coordinator:
             raise ValueError(f"request ids are non-empty strings, got {request_id!r}")
         if request_id in self._live or request_id in self._aborting:
             raise DuplicateRequestId(request_id)
+        if self._max_in_flight is not None and len(self._live) >= self._max_in_flight:
+            self._rejected += 1
+            if self._tracer.enabled:
+                self._tracer.event("request_rejected", request_id=request_id, stage="coordinator")
+            raise QueueFullError(
+                f"request {request_id!r} refused: {len(self._live)} requests are in flight "
+                f"(max_in_flight={self._max_in_flight}); retry when one finishes"
+            )
         if isinstance(inputs, OmniRequest):
             if params is not None or metadata is not None:
                 raise ValueError("pass params and metadata inside the OmniRequest, not beside it")
@@ -225,7 +237,9 @@ class Coordinator:
 
     async def stats(self) -> PipelineStats:
         """Counters of every stage and of the coordinator."""
-        return PipelineStats(stages=await self._directory.stats(), live_requests=len(self._live))
+        return PipelineStats(
+            stages=await self._directory.stats(), live_requests=len(self._live), rejected_requests=self._rejected
+        )
 
     # ------------------------------------------------------------------ resolution
 

@@ -117,5 +117,11 @@ class StageStartupError(OmniTrioError):
     its process did not come up. The message names the stage (and process)."""
 
 
+class QueueFullError(OmniTrioError):
+    """A capacity limit was reached: the pipeline's ``max_in_flight`` (raised by
+    ``submit``/``stream`` at once, before any stage sees the request), a stage's
+    ``max_pending`` inbox, or a session scheduler's open sessions or state bytes."""
+
+
 class PipelineClosed(OmniTrioError):
     """The pipeline is closed or has failed; it accepts no more requests."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from omni_trio.errors import OmniTrioError
+from omni_trio.errors import QueueFullError
 
-
-class QueueFullError(OmniTrioError):
-    """A capacity limit was reached (open sessions, session state bytes)."""
+__all__ = ["QueueFullError"]
