@@ -39,6 +39,7 @@ from omni_trio.control.codec import MalformedMessage, decode, encode
 from omni_trio.control.lanes import Lanes
 from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
 from omni_trio.payload import StagePayload, StreamItem
+from omni_trio.stage.replicas import logical_name
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer, get_logger
 
@@ -460,7 +461,7 @@ class Endpoint:
         ref = DataRef.from_wire(message.data_ref)
 
         async def deliver(payload: Any) -> None:
-            await stage.on_submit(self._checked_payload(payload, message.request_id))
+            await stage.on_submit(self._checked_payload(payload, message.request_id), message.replica_bindings)
 
         await self.receive_object(ref, message.request_id, COORDINATOR, message.to_stage, deliver)
 
@@ -472,12 +473,14 @@ class Endpoint:
 
     async def _on_data_ready(self, message: m.DataReady) -> None:
         stage = self._stage(message.to_stage)
-        rid, sender = message.request_id, message.from_stage
+        # Addresses (``voc@r1``) route ACKs and credits; the stage sees the sender's stage name.
+        rid, sender, receiver = message.request_id, message.from_stage, stage.address
+        source, bindings = logical_name(sender), message.replica_bindings
         if message.is_signal:
-            lane = (rid, sender, stage.name)
+            lane = (rid, sender, receiver)
 
             async def signal(_: Any) -> None:
-                await stage.deliver_stream_signal(rid, sender, message.error)
+                await stage.deliver_stream_signal(rid, source, message.error, bindings)
 
             await self._in_order(lane, _nothing, signal, needs_task=False)
             return
@@ -485,9 +488,9 @@ class Endpoint:
         if message.chunk_id is None:
 
             async def payload(value: Any) -> None:
-                await stage.deliver_payload(rid, sender, self._checked_payload(value, rid))
+                await stage.deliver_payload(rid, source, self._checked_payload(value, rid), bindings)
 
-            await self.receive_object(ref, rid, sender, stage.name, payload)
+            await self.receive_object(ref, rid, sender, receiver, payload)
             return
         first, count = message.chunk_id, message.chunk_count
         # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md §9).
@@ -499,19 +502,19 @@ class Endpoint:
                 try:
                     pairs = chunk_list(value, count)
                     items = [
-                        StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)
+                        StreamItem(first + i, data, source, metadata) for i, (data, metadata) in enumerate(pairs)
                     ]
                 except (TypeError, ValueError) as exc:
                     await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
                     return
                 on_taken = None if credit is None else credit.give_back
-                adopted = await stage.deliver_stream_chunks(rid, sender, items, on_taken)
+                adopted = await stage.deliver_stream_chunks(rid, source, items, on_taken, bindings)
             finally:
                 if credit is not None and not adopted:
                     credit.give_back()  # dropped, or not queued: nothing will take it
 
         await self.receive_object(
-            ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count), credit=credit
+            ref, rid, sender, receiver, chunks, chunk_ids=range(first, first + count), credit=credit
         )
 
     async def receive_object(
@@ -656,7 +659,7 @@ class Endpoint:
         if ref.buffer is None or sender == COORDINATOR or not stage.reports_takes:
             return None
         message = m.CreditReturn(
-            request_id=request_id, from_stage=stage.name, to_stage=sender, object_id=ref.object_id
+            request_id=request_id, from_stage=stage.address, to_stage=sender, object_id=ref.object_id
         )
         return _CreditHold(self, self.placement.get(sender, "main"), message)
 
