@@ -16,6 +16,7 @@ import pytest
 import trio
 
 import omni_trio as ot
+from omni_trio import traceview
 from omni_trio.config import check_imports
 from omni_trio.replicas import LeastInFlight, ReplicaLoad
 from omni_trio.stage.replicas import BindingTable
@@ -52,11 +53,12 @@ def holder_pipeline(base: Path, placement: str, **kwargs: object) -> ot.Pipeline
 
 @PLACEMENTS
 async def test_every_chunk_of_a_request_reaches_one_replica_and_load_spreads(
-    ipc_base: Path, omni_placement: str
+    ipc_base: Path, omni_placement: str, tmp_path: Path
 ) -> None:
     results: dict[str, dict[str, object]] = {}
+    trace = tmp_path / "run.jsonl"
     with trio.fail_after(60):
-        async with ot.open_pipeline(vocoder_pipeline(ipc_base, omni_placement)) as pipeline:
+        async with ot.open_pipeline(vocoder_pipeline(ipc_base, omni_placement), trace=trace) as pipeline:
 
             async def one(rid: str) -> None:
                 results[rid] = await pipeline.submit(rid, "go")
@@ -76,6 +78,15 @@ async def test_every_chunk_of_a_request_reaches_one_replica_and_load_spreads(
     assert sorted(by_label) == ["voc-0", "voc-1"]
     assert all(len(pids) == 1 for pids in by_label.values())
     assert by_label["voc-0"] != by_label["voc-1"]
+    # The trace says which replica did what: events carry ``replica``, the summary has a row per
+    # replica, the timeline a track per replica.
+    events = ot.read_trace(trace)
+    assert {e.get("replica") for e in events if e["event"] == "stage_dispatch" and e["stage"] == "voc"} == {0, 1}
+    busy = {row.stage: row.count for row in traceview.summarize(events).stages}
+    assert busy["voc@r0"] + busy["voc@r1"] == 16 and busy["voc@r0"] > 0 and busy["voc@r1"] > 0
+    timeline = traceview.chrome_trace(events)["traceEvents"]
+    names = {e["args"]["name"] for e in timeline if e["ph"] == "M" and e["name"].endswith("_name")}
+    assert {"voc@r0", "voc@r1", "p_voc@r0", "p_voc@r1"} <= names
 
 
 async def held(pipeline: ot.Coordinator, nursery: trio.Nursery, rid: str, folder: Path) -> tuple[int, int]:
