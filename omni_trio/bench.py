@@ -14,6 +14,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W6``: split -> (upper, count) -> join, a process each: latency.
 - ``W7``: the 4-stage chain with every stage in one worker process: latency.
 - ``W8``: start-up and shutdown time of the 4-stage chain.
+- ``W9``: a chain whose middle stage holds each request 20 ms outside the GIL, 16 in flight, with that
+  stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 
@@ -43,6 +45,7 @@ from typing import Any
 
 import trio
 
+from omni_trio.bench_replicas import w9
 from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
@@ -51,7 +54,7 @@ from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, Simpl
 
 M = "omni_trio.bench"
 MB = 1 << 20
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "floor", "idle")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle")
 
 
 # --------------------------------------------------------------------------- stage factories (imported by workers)
@@ -533,7 +536,7 @@ def floor_sync(q: bool) -> dict[str, float]:
 
 
 ASYNC_WORKLOADS: dict[str, Callable[[bool], Awaitable[dict[str, float]]]] = {
-    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "idle": idle,
+    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "W9": w9, "idle": idle,
 }
 
 
