@@ -243,3 +243,17 @@ def test_a_binding_lives_as_long_as_a_holder_holds_it() -> None:
     assert table.of("r") is None and len(table) == 0
     with pytest.raises(LookupError):
         table.replica("r", "v")
+
+
+async def test_a_replicated_entry_stage_takes_turns(ipc_base: Path, tmp_path: Path) -> None:
+    config = replicated(
+        ipc_base,
+        "embedded",
+        stage("hold", "create_replica_holder", next="last", replicas=2),
+        stage("last", "create_append", factory={"tag": "last"}, terminal=True),
+    )
+    params = {"dir": str(tmp_path), "block": False}
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+            trails = [(await pipeline.submit(f"r{i}", "x", params=params))["trail"] for i in range(4)]
+    assert trails == [["held@r0", "last"], ["held@r1", "last"], ["held@r0", "last"], ["held@r1", "last"]]
