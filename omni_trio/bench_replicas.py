@@ -1,21 +1,18 @@
-"""Benchmark W9 of ``python -m omni_trio.bench``: stage replicas scale a slow stage out.
+"""The pipeline of benchmark W9 of ``python -m omni_trio.bench``: stage replicas scale a slow stage out.
 
 A chain ``front -> device -> back``, each in worker processes, whose middle stage blocks for
 20 ms per request outside the GIL (``time.sleep`` on its scheduler thread, like a device
 kernel), one request at a time per replica. 16 requests stay in flight; the chain runs with
 ``device.replicas`` = 1, 2 and 4, and the result is each one's requests/s and the speed-up over
-one replica (docs/benchmarks.md).
+one replica (docs/benchmarks.md). ``omni_trio.bench.w9`` runs it.
 """
 
 from __future__ import annotations
 
 import time
 
-import trio
-
 from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.payload import StagePayload
-from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import SimpleScheduler
 
 M = "omni_trio.bench_replicas"
@@ -51,34 +48,3 @@ def replica_chain(replicas: int) -> PipelineConfig:
             StageConfig(name="back", process="p_back", factory_path=f"{M}.create_pass", terminal=True),
         ],
     )
-
-
-async def _throughput(replicas: int, total: int) -> float:
-    async with open_pipeline(replica_chain(replicas)) as pipeline:
-        for i in range(2 * replicas):
-            await pipeline.submit(f"warm-{i}", "x")
-        next_id = 0
-
-        async def client() -> None:
-            nonlocal next_id
-            while next_id < total:
-                rid = next_id
-                next_id += 1
-                await pipeline.submit(f"r-{rid}", "x")
-
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(IN_FLIGHT):
-                nursery.start_soon(client)
-        return total / (time.perf_counter() - started)
-
-
-async def w9(q: bool) -> dict[str, float]:
-    """Requests/s of the chain at each replica count, and the speed-ups over one replica."""
-    total = 64 if q else 400
-    result: dict[str, float] = {"device_ms": DEVICE_S * 1000, "in_flight": float(IN_FLIGHT)}
-    for replicas in REPLICAS:
-        result[f"requests_per_s_r{replicas}"] = await _throughput(replicas, total)
-    for replicas in REPLICAS[1:]:
-        result[f"speedup_r{replicas}"] = result[f"requests_per_s_r{replicas}"] / result["requests_per_s_r1"]
-    return result
