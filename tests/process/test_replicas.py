@@ -200,11 +200,14 @@ def test_replica_settings_are_validated_with_their_paths() -> None:
     ]
 
 
-def test_per_replica_factory_kwargs_and_their_check() -> None:
+def test_per_replica_factory_kwargs_their_check_and_a_config_file(tmp_path: Path) -> None:
     voc = stage("v", "create_append", factory={"tag": "t{replica}", "n": [1, "x{replica}"]}, process="p",
                 terminal=True, replicas=2, replica_factory=[{}, {"tag": "special"}])
     assert voc.factory_kwargs(0) == {"tag": "t0", "n": [1, "x0"]}
     assert voc.factory_kwargs(1) == {"tag": "special", "n": [1, "x1"]}
+    config = ot.PipelineConfig(stages=[voc], replica_policy="omni_trio.replicas.LeastInFlight")
+    config.to_file(tmp_path / "replicas.toml")
+    assert ot.load_config(tmp_path / "replicas.toml") == config
     bad = ot.PipelineConfig(stages=[stage("v", "create_append", factory={"tag": "t"}, process="p", terminal=True,
                                           replicas=2, replica_factory=[{}, {"tga": "x"}])])
     with pytest.raises(ot.ConfigError) as error:
