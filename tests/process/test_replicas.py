@@ -260,3 +260,32 @@ async def test_a_replicated_entry_stage_takes_turns(ipc_base: Path, tmp_path: Pa
         async with ot.open_pipeline(config) as pipeline:
             trails = [(await pipeline.submit(f"r{i}", "x", params=params))["trail"] for i in range(4)]
     assert trails == [["held@r0", "last"], ["held@r1", "last"], ["held@r0", "last"], ["held@r1", "last"]]
+
+
+async def test_fan_in_inputs_of_a_request_meet_on_one_replica(ipc_base: Path) -> None:
+    # A split stage fans out to two stages, whose payloads a join with 2 replicas waits for: each
+    # request completes only if both of its inputs reach the same replica.
+    config = replicated(
+        ipc_base,
+        "embedded",
+        stage("split", "create_append", factory={"tag": "split"}, next=["left", "right"]),
+        stage("left", "create_append", factory={"tag": "left"}, next="join"),
+        stage("right", "create_append", factory={"tag": "right"}, next="join"),
+        stage("join", "create_passthrough", wait_for=["left", "right"], merge_fn="tests.stages.merge_trails",
+              terminal=True, replicas=2),
+    )
+    results: dict[str, object] = {}
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+
+            async def one(rid: str) -> None:
+                results[rid] = await pipeline.submit(rid, rid)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, f"r{i}")
+            stats = await pipeline.stats()
+            assert stats.idle, stats
+    assert results == {
+        f"r{i}": {"left": [f"r{i}", "split", "left"], "right": [f"r{i}", "split", "right"]} for i in range(8)
+    }
