@@ -40,17 +40,21 @@ from omni_trio.scheduling import (
     StreamingSimpleScheduler,
     ThreadedSimpleScheduler,
 )
+from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import read_trace
 
 __all__ = [
+    "AggregatedInput",
     "CommConfig",
     "CompleteMessage",
     "ConfigError",
     "ConfigProblem",
     "Coordinator",
+    "DirectInput",
     "DuplicateRequestId",
     "EndpointsConfig",
+    "FanInError",
     "Inbox",
     "IncomingMessage",
     "OmniRequest",

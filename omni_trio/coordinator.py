@@ -303,7 +303,7 @@ class Coordinator:
         if from_stage not in live.expected:
             return
         if live.streaming:
-            live.events.send_nowait(CompleteMessage(request_id, from_stage, result))
+            live.events.send_nowait(CompleteMessage(request_id, from_stage, True, result))
         if len(live.expected) == 1:
             final = result
         else:
@@ -319,7 +319,7 @@ class Coordinator:
         """A terminal stage streamed a chunk; queue it for a streaming caller."""
         live = self._live.get(request_id)
         if live is not None and live.streaming:
-            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, chunk_id, modality))
+            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id))
 
     # ------------------------------------------------------------------ shutdown
 

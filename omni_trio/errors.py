@@ -44,8 +44,12 @@ class RequestError(OmniTrioError):
         super().__init__(message)
 
 
-class RequestFailed(RequestError):
-    """A stage failed the request; ``stage`` names it and ``error`` is its original message."""
+class RequestFailed(RequestError, RuntimeError):
+    """A stage failed the request; ``stage`` names it and ``error`` is its original message.
+
+    Also a ``RuntimeError``: SGLang-Omni's coordinator raises ``RuntimeError(text)``
+    for a failed request, so its callers' ``except RuntimeError`` still catch it.
+    """
 
     def __init__(self, request_id: str, stage: str, error: str) -> None:
         self.stage = stage
