@@ -34,12 +34,15 @@ from omni_trio.scheduling import (
     IncomingMessage,
     Outbox,
     OutgoingMessage,
+    SessionContext,
     SessionScheduler,
     SimpleScheduler,
     StageScheduler,
     StreamingSimpleScheduler,
     ThreadedSimpleScheduler,
+    TimedChunk,
 )
+from omni_trio.sessions import Session
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import read_trace
@@ -71,6 +74,8 @@ __all__ = [
     "RequestStream",
     "RequestTimeout",
     "RoutedPayloads",
+    "Session",
+    "SessionContext",
     "SessionScheduler",
     "SimpleScheduler",
     "StageConfig",
@@ -84,6 +89,7 @@ __all__ = [
     "StreamMessage",
     "StreamingSimpleScheduler",
     "ThreadedSimpleScheduler",
+    "TimedChunk",
     "load_config",
     "open_pipeline",
     "read_trace",

@@ -20,16 +20,20 @@ import trio
 
 from omni_trio.config import PipelineConfig, import_string
 from omni_trio.errors import (
+    QUEUE_FULL_TEXT,
     DuplicateRequestId,
     PipelineClosed,
     QueueFullError,
     RequestAborted,
     RequestError,
     RequestFailed,
+    RequestQueueFull,
     RequestTimeout,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.payload import OmniRequest, StagePayload
+from omni_trio.scheduling.session import SessionOperation
+from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
@@ -78,6 +82,8 @@ class _LiveRequest:
     deadline_scope: trio.CancelScope | None = None
     events: Any = None  # send side of the streaming caller's channel
     received: Any = None  # its receive side
+    session: SessionOperation | None = None
+    entry_stages: tuple[str, ...] = ()  # where the Submit goes (several for a session's open/close/control)
 
 
 class Coordinator:
@@ -87,6 +93,7 @@ class Coordinator:
         self, config: PipelineConfig, directory: StageDirectory, tracer: Tracer, nursery: trio.Nursery
     ) -> None:
         self._entry = config.entry
+        self._stage_names = frozenset(stage.name for stage in config.stages)
         self._terminals = frozenset(config.terminal_stages)
         self._terminals_fn: Callable[[OmniRequest], Any] | None = (
             None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
@@ -132,11 +139,16 @@ class Coordinator:
             request = inputs
         else:
             request = OmniRequest(inputs, dict(params or {}), dict(metadata or {}))
-        if SESSION_METADATA_KEY in request.metadata:
-            raise ValueError(f"metadata key {SESSION_METADATA_KEY!r} is reserved for session operations")
         if deadline is not None and not deadline > 0:
             raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
-        live = _LiveRequest(request_id, request, self._expected_terminals(request), streaming)
+        session = SessionOperation.from_request(request)
+        if session is None:
+            entry_stages: tuple[str, ...] = (self._entry,)
+            expected = self._expected_terminals(request)
+        else:
+            entry_stages, completing = session_targets(session, self._stage_names)
+            expected = frozenset(completing)
+        live = _LiveRequest(request_id, request, expected, streaming, session=session, entry_stages=entry_stages)
         if streaming:
             live.events, live.received = trio.open_memory_channel[Any](math.inf)
         self._live[request_id] = live
@@ -162,8 +174,14 @@ class Coordinator:
         return chosen
 
     async def _send_submit(self, live: _LiveRequest) -> None:
-        payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
-        await self._directory.submit(self._entry, payload)
+        if live.session is not None:
+            for preempted in live.session.preempted_request_ids:
+                if preempted in self._live and preempted != live.request_id:
+                    await self.abort(preempted)
+        for stage in live.entry_stages:
+            # One payload per stage: a stage's compute may replace its data in place.
+            payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
+            await self._directory.submit(stage, payload)
 
     # ------------------------------------------------------------------ public API
 
@@ -235,6 +253,16 @@ class Coordinator:
             await self._abort(live, RequestAborted(request_id))
         return True
 
+    def session(self, session_id: str, *, stages: list[str]) -> Session:
+        """A session whose state lives in ``stages`` (its owner stages, in pipeline order).
+
+        Use as ``async with pipeline.session("s1", stages=["asr"]) as s:`` with
+        ``await s.append(chunk)`` and ``async for ev in s.events()``; the block
+        opens the session and closes it on exit, whatever the reason (see
+        :class:`omni_trio.sessions.Session`).
+        """
+        return Session(self, session_id, stages)
+
     async def stats(self) -> PipelineStats:
         """Counters of every stage and of the coordinator."""
         return PipelineStats(
@@ -297,7 +325,8 @@ class Coordinator:
         if error is not None:
             if self._tracer.enabled:
                 self._tracer.event("request_failed", request_id=request_id, stage=from_stage, error=error)
-            self._resolve(live, outcome.Error(RequestFailed(request_id, from_stage, error)))
+            failure = RequestQueueFull if QUEUE_FULL_TEXT in error else RequestFailed
+            self._resolve(live, outcome.Error(failure(request_id, from_stage, error)))
             self._broadcast_abort(request_id)
             return
         if from_stage not in live.expected:
