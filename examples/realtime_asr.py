@@ -101,18 +101,17 @@ async def transcribe(pipeline: Any, speaker: str, text: str) -> list[str]:
     """Stream ``text``'s audio in chunks through one session; return the partial transcripts."""
     audio = speak(text)
     partials: list[str] = []
-    async with pipeline.session(speaker, stages=["asr"]) as session:
-        async with trio.open_nursery() as nursery:
+    async with pipeline.session(speaker, stages=["asr"]) as session, trio.open_nursery() as nursery:
 
-            async def microphone() -> None:
-                for chunk in audio.split(CHUNK):
-                    await session.append(chunk)
-                await session.close()  # ends session.events()
+        async def microphone() -> None:
+            for chunk in audio.split(CHUNK):
+                await session.append(chunk)
+            await session.close()  # ends session.events()
 
-            nursery.start_soon(microphone)
-            async for event in session.events():
-                if isinstance(event, ot.StreamMessage):
-                    partials.append(event.chunk["data"])
+        nursery.start_soon(microphone)
+        async for event in session.events():
+            if isinstance(event, ot.StreamMessage):
+                partials.append(event.chunk["data"])
     return partials
 
 
