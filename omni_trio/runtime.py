@@ -282,7 +282,7 @@ async def _in_processes(
                 link = LocalCoordinatorLink(coordinator)
                 local.update(build_stages(config, placed_here, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
                 connect_stages(local, endpoint, tracer)
-                endpoint.stages.update(local)
+                endpoint.host(local)
                 for stage in local.values():
                     await nursery.start(stage.run)
                 await supervisor.wait_ready(start_timeout)

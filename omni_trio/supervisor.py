@@ -138,7 +138,7 @@ class Supervisor:
         self._restart_scopes: set[trio.CancelScope] = set()
         #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
         self._spawn_lock = trio.Lock()
-        endpoint.handlers[m.Ready] = self._on_ready
+        endpoint.on(m.Ready, self._on_ready)
 
     def _restart_policy(self, process: str) -> int:
         """How many restarts ``process`` may have (0: none); config validation made its stages agree."""

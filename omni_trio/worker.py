@@ -110,7 +110,7 @@ async def _start_stages(
     for stage in stages.values():
         for request_id in spec.retired:
             stage.aborted.add(request_id)
-    endpoint.stages.update(stages)
+    endpoint.host(stages)
 
     async def on_shutdown(_: m.Shutdown) -> None:
         shutdown.set()
@@ -129,8 +129,8 @@ async def _start_stages(
         )
         await endpoint.send(request.reply_to, reply)
 
-    endpoint.handlers[m.Shutdown] = on_shutdown
-    endpoint.handlers[m.StatsRequest] = on_stats
+    endpoint.on(m.Shutdown, on_shutdown)
+    endpoint.on(m.StatsRequest, on_stats)
     for stage in stages.values():
         await nursery.start(stage.run)
     return stages

@@ -61,8 +61,8 @@ class ProcessDirectory:
         self._tokens = itertools.count()
         #: Submits waiting for a restarting process, by request id: an abort releases them.
         self._held: dict[str, trio.CancelScope] = {}
-        endpoint.handlers[m.AbortDone] = self._on_abort_done
-        endpoint.handlers[m.StatsReply] = self._on_stats_reply
+        endpoint.on(m.AbortDone, self._on_abort_done)
+        endpoint.on(m.StatsReply, self._on_stats_reply)
 
     def _live(self) -> set[str]:
         return {worker.name for worker in self._supervisor.live_workers()}
@@ -192,6 +192,6 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
             chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
         )
 
-    endpoint.handlers[m.Complete] = on_complete
-    endpoint.handlers[m.Stream] = on_stream
-    endpoint.fail_submitted = lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error)
+    endpoint.on(m.Complete, on_complete)
+    endpoint.on(m.Stream, on_stream)
+    endpoint.on_submit_failure(lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error))

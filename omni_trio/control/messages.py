@@ -115,7 +115,7 @@ def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object
 
 def _str_tuple(value: object) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list of strings, got {type(value).__name__}")
+        raise TypeError(f"expected a tuple (list) of strings, got {type(value).__name__}")
     for item in value:
         if type(item) is not str:
             raise TypeError(f"expected a list of strings, got an item of type {type(item).__name__}")
