@@ -20,17 +20,21 @@ import trio
 
 from omni_trio.config import PipelineConfig, import_string
 from omni_trio.errors import (
+    QUEUE_FULL_TEXT,
     DuplicateRequestId,
     PipelineClosed,
     QueueFullError,
     RequestAborted,
     RequestError,
     RequestFailed,
+    RequestQueueFull,
     RequestTimeout,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.replicas import ReplicaDispatcher
+from omni_trio.scheduling.session import SessionOperation
+from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
@@ -86,6 +90,8 @@ class _LiveRequest:
     deadline_scope: trio.CancelScope | None = None
     events: Any = None  # send side of the streaming caller's channel
     received: Any = None  # its receive side
+    session: SessionOperation | None = None
+    entry_stages: tuple[str, ...] = ()  # where the Submit goes (several for a session's open/close/control)
 
 
 class Coordinator:
@@ -100,6 +106,7 @@ class Coordinator:
         replicas: ReplicaDispatcher | None = None,
     ) -> None:
         self._entry = config.entry
+        self._stage_names = frozenset(stage.name for stage in config.stages)
         self._terminals = frozenset(config.terminal_stages)
         self._terminals_fn: Callable[[OmniRequest], Any] | None = (
             None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
@@ -147,11 +154,16 @@ class Coordinator:
             request = inputs
         else:
             request = OmniRequest(inputs, dict(params or {}), dict(metadata or {}))
-        if SESSION_METADATA_KEY in request.metadata:
-            raise ValueError(f"metadata key {SESSION_METADATA_KEY!r} is reserved for session operations")
         if deadline is not None and not deadline > 0:
             raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
-        live = _LiveRequest(request_id, request, self._expected_terminals(request), streaming)
+        session = SessionOperation.from_request(request)
+        if session is None:
+            entry_stages: tuple[str, ...] = (self._entry,)
+            expected = self._expected_terminals(request)
+        else:
+            entry_stages, completing = session_targets(session, self._stage_names)
+            expected = frozenset(completing)
+        live = _LiveRequest(request_id, request, expected, streaming, session=session, entry_stages=entry_stages)
         if self._replicas is not None:
             self._replicas.bind(request_id, request)
         if streaming:
@@ -179,8 +191,14 @@ class Coordinator:
         return chosen
 
     async def _send_submit(self, live: _LiveRequest) -> None:
-        payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
-        await self._directory.submit(self._entry, payload)
+        if live.session is not None:
+            for preempted in live.session.preempted_request_ids:
+                if preempted in self._live and preempted != live.request_id:
+                    await self.abort(preempted)
+        for stage in live.entry_stages:
+            # One payload per stage: a stage's compute may replace its data in place.
+            payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
+            await self._directory.submit(stage, payload)
 
     # ------------------------------------------------------------------ public API
 
@@ -252,6 +270,16 @@ class Coordinator:
             await self._abort(live, RequestAborted(request_id))
         return True
 
+    def session(self, session_id: str, *, stages: list[str]) -> Session:
+        """A session whose state lives in ``stages`` (its owner stages, in pipeline order).
+
+        Use as ``async with pipeline.session("s1", stages=["asr"]) as s:`` with
+        ``await s.append(chunk)`` and ``async for ev in s.events()``; the block
+        opens the session and closes it on exit, whatever the reason (see
+        :class:`omni_trio.sessions.Session`).
+        """
+        return Session(self, session_id, stages)
+
     async def stats(self) -> PipelineStats:
         """Counters of every stage and of the coordinator."""
         return PipelineStats(
@@ -319,13 +347,14 @@ class Coordinator:
         if error is not None:
             if self._tracer.enabled:
                 self._tracer.event("request_failed", request_id=request_id, stage=from_stage, error=error)
-            self._resolve(live, outcome.Error(RequestFailed(request_id, from_stage, error)))
+            failure = RequestQueueFull if QUEUE_FULL_TEXT in error else RequestFailed
+            self._resolve(live, outcome.Error(failure(request_id, from_stage, error)))
             self._broadcast_abort(request_id)
             return
         if from_stage not in live.expected:
             return
         if live.streaming:
-            live.events.send_nowait(CompleteMessage(request_id, from_stage, result))
+            live.events.send_nowait(CompleteMessage(request_id, from_stage, True, result))
         if len(live.expected) == 1:
             final = result
         else:
@@ -341,7 +370,7 @@ class Coordinator:
         """A terminal stage streamed a chunk; queue it for a streaming caller."""
         live = self._live.get(request_id)
         if live is not None and live.streaming:
-            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, chunk_id, modality))
+            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id))
 
     # ------------------------------------------------------------------ shutdown
 

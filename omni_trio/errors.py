@@ -44,8 +44,12 @@ class RequestError(OmniTrioError):
         super().__init__(message)
 
 
-class RequestFailed(RequestError):
-    """A stage failed the request; ``stage`` names it and ``error`` is its original message."""
+class RequestFailed(RequestError, RuntimeError):
+    """A stage failed the request; ``stage`` names it and ``error`` is its original message.
+
+    Also a ``RuntimeError``: SGLang-Omni's coordinator raises ``RuntimeError(text)``
+    for a failed request, so its callers' ``except RuntimeError`` still catch it.
+    """
 
     def __init__(self, request_id: str, stage: str, error: str) -> None:
         self.stage = stage
@@ -117,10 +121,20 @@ class StageStartupError(OmniTrioError):
     its process did not come up. The message names the stage (and process)."""
 
 
+#: Starts a stage's QueueFullError text; a request failing with it raises :class:`RequestQueueFull`.
+QUEUE_FULL_TEXT = "The request queue is full."
+
+
 class QueueFullError(OmniTrioError):
     """A capacity limit was reached: the pipeline's ``max_in_flight`` (raised by
     ``submit``/``stream`` at once, before any stage sees the request), a stage's
     ``max_pending`` inbox, or a session scheduler's open sessions or state bytes."""
+
+
+class RequestQueueFull(RequestFailed, QueueFullError):
+    """A stage refused the request for a capacity limit (a session scheduler's
+    ``max_open_sessions`` or state budget): both a :class:`RequestFailed` and a
+    :class:`QueueFullError`, as the reference raises ``QueueFullError`` for it."""
 
 
 class PipelineClosed(OmniTrioError):

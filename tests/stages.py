@@ -6,7 +6,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from omni_trio import Outbox, OutgoingMessage, SimpleScheduler, StagePayload, StreamingSimpleScheduler
+from omni_trio import (
+    Outbox,
+    OutgoingMessage,
+    SessionScheduler,
+    SimpleScheduler,
+    StagePayload,
+    StreamingSimpleScheduler,
+    TimedChunk,
+)
 
 
 def append_tag(payload: StagePayload, tag: str) -> StagePayload:
@@ -497,3 +505,36 @@ def create_replica_holder(replica: int):
         os.replace(f"{path}.tmp", path)
 
     return blocking_until_aborted(f"held@r{replica}", report, max_concurrency=8)
+
+
+class WordSessionHooks:
+    """A session's state is the words appended so far. An append emits one chunk per word of its
+    input (upper-cased with ``upper``, reading the previous owner's chunks when ``from_upstream``)
+    and returns the word count; the input ``"block"`` waits until the append is cancelled."""
+
+    def __init__(self, upper: bool, from_upstream: bool) -> None:
+        self.upper = upper
+        self.from_upstream = from_upstream
+        self.words: dict[str, list[str]] = {}
+
+    def open(self, session_id: str, request: Any) -> None:
+        self.words[session_id] = []
+
+    def append(self, chunk: Any, payload: StagePayload, context: Any) -> StagePayload:
+        if chunk == "block":
+            context.cancelled.wait(60)  # the test's own bound; abort, preempt or stop set it
+            payload.data = {"cancelled": context.cancelled.is_set()}
+            return payload
+        words = [item["data"] for item in context.upstream()] if self.from_upstream else str(chunk).split()
+        for word in words:
+            self.words[context.session_id].append(word)
+            context.emit(TimedChunk(word.upper() if self.upper else word))
+        payload.data = {"words": len(self.words[context.session_id])}
+        return payload
+
+    def close(self, session_id: str) -> None:
+        self.words.pop(session_id, None)
+
+
+def create_word_session(max_open_sessions: int = 64, upper: bool = False, from_upstream: bool = False):
+    return SessionScheduler(WordSessionHooks(upper, from_upstream), max_open_sessions=max_open_sessions)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from omni_trio.errors import QueueFullError
+from omni_trio.errors import QUEUE_FULL_TEXT, QueueFullError
 
-__all__ = ["QueueFullError"]
+__all__ = ["QUEUE_FULL_TEXT", "QueueFullError"]

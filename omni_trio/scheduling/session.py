@@ -6,11 +6,15 @@ operation in ``request.metadata["omni_session"]``::
 
     {"op": "open" | "append" | "close" | "control" | "read",
      "session_id": "s1",
-     "chunk": ...,        # append: the input chunk (default: payload.data)
-     "preempt": True}     # control: cancel this session's earlier appends
+     "stages": ["asr", ...],           # the session's owner stages, in pipeline order
+     "chunk": ...,                     # append: the input chunk (default: the request's inputs)
+     "preempt": True,                  # control: cancel this session's earlier appends
+     "preempted_request_ids": [...]}   # requests to abort before this one runs
 
-Other keys (the stage's ``stages`` route, ``preempted_request_ids``) are the
-stage's business and ignored here. ``open``/``append``/``close``/``control``
+``stages`` and ``preempted_request_ids`` are for the coordinator and the
+stage (which routes and aborts by them); the scheduler only parses them. An
+append that an earlier owner streams to reads that owner's chunks through
+``SessionContext.upstream()``. ``open``/``append``/``close``/``control``
 take a per-session sequence number when they enter the inbox and run only
 after every earlier operation of their session finished or was aborted;
 operations of different sessions run concurrently on the worker threads.
@@ -26,14 +30,14 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Literal, Protocol, cast, get_args
 
 import attrs
 
 from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
 from omni_trio.scheduling._support import error_message, result_message
-from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.errors import QUEUE_FULL_TEXT, QueueFullError
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.simple import SimpleScheduler
 
@@ -72,13 +76,16 @@ class SessionContext:
     ``cancelled`` is set when the append is aborted, preempted by a
     ``control`` with ``preempt``, or the scheduler stops: the hook should
     stop work and return. ``emit`` streams output; it drops chunks once
-    ``cancelled`` is set.
+    ``cancelled`` is set. ``upstream()`` iterates over the chunks the
+    previous owner in ``stages`` streams for this append (their data), until
+    that owner's append finished; it ends early when ``cancelled`` is set.
     """
 
     session_id: str
     request_id: str
     cancelled: threading.Event
     emit: ChunkEmitter
+    upstream: Callable[[], Iterator[Any]] = attrs.field(default=lambda: iter(()))
 
 
 class SessionHooks(Protocol):
@@ -114,6 +121,8 @@ class SessionOperation:
     chunk: Any = None
     has_chunk: bool = False
     preempt: bool = False
+    stages: tuple[str, ...] = ()
+    preempted_request_ids: tuple[str, ...] = ()
 
     @classmethod
     def from_payload(cls, payload: object) -> SessionOperation | None:
@@ -121,6 +130,11 @@ class SessionOperation:
         request = getattr(payload, "request", None)
         if not isinstance(request, OmniRequest):
             return None
+        return cls.from_request(request)
+
+    @classmethod
+    def from_request(cls, request: OmniRequest) -> SessionOperation | None:
+        """Parse ``request.metadata``; None outside any session, ``ValueError`` when malformed."""
         raw = request.metadata.get(SESSION_METADATA_KEY)
         if raw is None:
             return None
@@ -138,7 +152,17 @@ class SessionOperation:
             chunk=raw.get("chunk"),
             has_chunk="chunk" in raw,
             preempt=bool(raw.get("preempt", False)),
+            stages=_names(raw.get("stages", ()), "stages"),
+            preempted_request_ids=_names(raw.get("preempted_request_ids", ()), "preempted_request_ids"),
         )
+
+
+def _names(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"session metadata {key!r} must be a list of names, got {type(value).__name__}")
+    if not all(isinstance(name, str) and name for name in value):
+        raise ValueError(f"session metadata {key!r} must hold non-empty strings, got {list(value)!r}")
+    return tuple(value)
 
 
 @attrs.define(eq=False)
@@ -148,6 +172,7 @@ class _Operation:
     request_id: str
     session_id: str
     op: SessionOp
+    message: IncomingMessage | None = None
     started: bool = False
     cancelled: threading.Event = attrs.field(factory=threading.Event)
 
@@ -161,6 +186,10 @@ class _Session:
 
 # compute's way of saying "nothing to emit now" (a read is answered at close).
 _NO_OUTPUT: Final = object()
+# In an append's upstream queue: the previous owner's append finished.
+_UPSTREAM_DONE: Final = object()
+# In an append's upstream queue: look at ``cancelled`` again.
+_UPSTREAM_WAKE: Final = object()
 
 
 class _SessionInbox(queue.Queue[IncomingMessage]):
@@ -171,16 +200,29 @@ class _SessionInbox(queue.Queue[IncomingMessage]):
     earliest operation of a session ahead of later ones.
     """
 
-    def __init__(self, register: Callable[[IncomingMessage], None]) -> None:
+    def __init__(
+        self, register: Callable[[IncomingMessage], None], upstream: Callable[[IncomingMessage], None]
+    ) -> None:
         super().__init__()
         self._register = register
+        self._upstream = upstream
         self._put_lock = threading.Lock()
 
     def put(self, item: IncomingMessage, block: bool = True, timeout: float | None = None) -> None:
-        """Register ``item`` if it is a session operation, then queue it."""
+        """Register ``item`` if it is a session operation, then queue it; stream input goes to its append."""
+        if item.type in ("stream_chunk", "stream_done"):
+            self._upstream(item)
+            return
         with self._put_lock:
             self._register(item)
             super().put(item, block, timeout)
+
+    def requeue(self, item: IncomingMessage) -> None:
+        """Queue ``item`` again, registered already (a close an abort took out of the queue)."""
+        with self.mutex:
+            if any(queued is item for queued in self.queue):
+                return
+        super().put(item)
 
 
 class SessionScheduler(SimpleScheduler):
@@ -216,6 +258,7 @@ class SessionScheduler(SimpleScheduler):
         self._order: dict[str, collections.deque[str]] = {}
         self._sessions: dict[str, _Session] = {}
         self._readers: dict[str, StagePayload] = {}
+        self._upstream: dict[str, queue.SimpleQueue[Any]] = {}
         self._sessions_stopping = False
         super().__init__(
             self._compute,
@@ -223,7 +266,7 @@ class SessionScheduler(SimpleScheduler):
             abort_callback=self._on_abort,
             shutdown_callback=self._on_shutdown,
         )
-        self.inbox = _SessionInbox(self._register)
+        self.inbox = _SessionInbox(self._register, self._take_upstream)
 
     def warm_up_serving_thread(self) -> None:
         """Run the hooks' ``warm_up_serving_thread`` if they have one."""
@@ -251,7 +294,7 @@ class SessionScheduler(SimpleScheduler):
         if operation is None or operation.op == "read":
             return
         with self._cond:
-            record = _Operation(msg.request_id, operation.session_id, operation.op)
+            record = _Operation(msg.request_id, operation.session_id, operation.op, message=msg)
             self._operations[msg.request_id] = record
             order = self._order.setdefault(operation.session_id, collections.deque())
             order.append(msg.request_id)
@@ -260,11 +303,12 @@ class SessionScheduler(SimpleScheduler):
                 # appends it is meant to cut short.
                 for earlier in order:
                     if self._operations[earlier].op == "append":
-                        self._operations[earlier].cancelled.set()
+                        self._cancel_locked(self._operations[earlier])
 
     def _retire_locked(self, record: _Operation) -> None:
         """Let the session's next operation go; the caller holds ``_cond``."""
         self._operations.pop(record.request_id, None)
+        self._upstream.pop(record.request_id, None)
         order = self._order.get(record.session_id)
         if order is not None and record.request_id in order:
             order.remove(record.request_id)
@@ -352,7 +396,8 @@ class SessionScheduler(SimpleScheduler):
                 raise ValueError(f"session {session_id!r} is already open")
             if len(self._sessions) >= self.max_open_sessions:
                 raise QueueFullError(
-                    f"cannot open session {session_id!r}: {self.max_open_sessions} sessions are already open"
+                    f"{QUEUE_FULL_TEXT} Cannot open session {session_id!r}: "
+                    f"{self.max_open_sessions} sessions are already open"
                 )
             self._sessions[session_id] = _Session(session_id, busy=True)
         try:
@@ -374,8 +419,9 @@ class SessionScheduler(SimpleScheduler):
             request_id=payload.request_id,
             cancelled=record.cancelled,
             emit=functools.partial(self._emit_chunk, session_id, payload.request_id, record.cancelled),
+            upstream=functools.partial(self._read_upstream, record),
         )
-        chunk = operation.chunk if operation.has_chunk else payload.data
+        chunk = operation.chunk if operation.has_chunk else payload.request.inputs
         try:
             result = self.session_hooks.append(chunk, payload, context)
             self._check_budget(session_id)
@@ -416,7 +462,7 @@ class SessionScheduler(SimpleScheduler):
         used = int(state_bytes(session_id))
         if used > self.max_state_bytes_per_session:
             raise QueueFullError(
-                f"session {session_id!r} holds {used} bytes of state, "
+                f"{QUEUE_FULL_TEXT} Session {session_id!r} holds {used} bytes of state, "
                 f"over its budget of {self.max_state_bytes_per_session}"
             )
 
@@ -465,27 +511,60 @@ class SessionScheduler(SimpleScheduler):
         if close_error is not None and raise_errors:
             raise close_error
 
+    def _take_upstream(self, msg: IncomingMessage) -> None:
+        """A chunk (or the end) of what the previous owner streams for an append here."""
+        with self._cond:
+            record = self._operations.get(msg.request_id)
+            if record is None or record.op != "append":
+                return  # not an append (any more): nothing would read it
+            box = self._upstream.setdefault(msg.request_id, queue.SimpleQueue())
+        item = msg.data
+        box.put(_UPSTREAM_DONE if msg.type == "stream_done" else getattr(item, "data", item))
+
+    def _read_upstream(self, record: _Operation) -> Iterator[Any]:
+        with self._cond:
+            box = self._upstream.setdefault(record.request_id, queue.SimpleQueue())
+        while not record.cancelled.is_set():
+            item = box.get()
+            if item is _UPSTREAM_DONE:
+                return
+            if item is not _UPSTREAM_WAKE:
+                yield item
+
+    def _cancel_locked(self, record: _Operation) -> None:
+        """Cancel an operation and wake its upstream reader; the caller holds ``_cond``."""
+        record.cancelled.set()
+        box = self._upstream.get(record.request_id)
+        if box is not None:
+            box.put(_UPSTREAM_WAKE)
+
     # ------------------------------------------------------------------
     # Abort, stop, output
     # ------------------------------------------------------------------
 
     def _on_abort(self, request_id: str) -> None:
+        requeue: IncomingMessage | None = None
         with self._cond:
             record = self._operations.get(request_id)
             if record is not None:
-                record.cancelled.set()
+                self._cancel_locked(record)
                 if not record.started and record.op != "close":
                     # "Finished or aborted": later operations need not wait for it.
                     self._retire_locked(record)
+                elif not record.started:
+                    # A close runs even when aborted; the stage may have purged it from the queue.
+                    requeue = record.message
             for session_id, reader in list(self._readers.items()):
                 if reader.request_id == request_id:
                     del self._readers[session_id]
+        if requeue is not None:
+            cast(_SessionInbox, self.inbox).requeue(requeue)
 
     def _on_shutdown(self) -> None:
         with self._cond:
             self._sessions_stopping = True
             for record in self._operations.values():
-                record.cancelled.set()
+                self._cancel_locked(record)
             idle = [sid for sid, session in self._sessions.items() if not session.busy]
             orphan_readers = [sid for sid in self._readers if sid not in self._sessions]
             self._cond.notify_all()

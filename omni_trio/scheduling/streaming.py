@@ -188,11 +188,7 @@ class StreamingSimpleScheduler(BatchingOptions):
                         continue
                 else:
                     msg = self._take()
-                if msg.type == "abort":
-                    # Sent by abort() from the stage's thread: clear here, where the hooks run.
-                    self.clear_request_state(msg.request_id, keep_aborted=True)
-                    continue
-                if msg.type == "wakeup" or self.is_aborted(msg.request_id):
+                if self._absorb_abort(msg) or msg.type == "wakeup" or self.is_aborted(msg.request_id):
                     continue
                 try:
                     self.handle_message(msg, loop)
@@ -254,6 +250,18 @@ class StreamingSimpleScheduler(BatchingOptions):
         else:
             raise ValueError(f"unsupported streaming scheduler message type: {msg.type!r}")
 
+    def _absorb_abort(self, msg: IncomingMessage) -> bool:
+        """Handle an ``abort`` note that :meth:`abort` queued from the stage's thread.
+
+        The request's state is cleared here, on the serving thread where the hooks
+        run. Batch collectors call this too: a note about one request is consumed
+        where it is found, so it never ends (or cuts short) another request's batch.
+        """
+        if msg.type != "abort":
+            return False
+        self.clear_request_state(msg.request_id, keep_aborted=True)
+        return True
+
     def _take(self) -> IncomingMessage:
         if self.pending_messages:
             return self.pending_messages.popleft()
@@ -303,7 +311,7 @@ class StreamingSimpleScheduler(BatchingOptions):
             if msg.type == "wakeup":
                 deferred.append(msg)
                 break
-            if self.is_aborted(msg.request_id):
+            if self._absorb_abort(msg) or self.is_aborted(msg.request_id):
                 continue
             if msg.type != "new_request":
                 deferred.append(msg)
@@ -410,11 +418,11 @@ class StreamingSimpleScheduler(BatchingOptions):
             msg = self._take_nowait()
             if msg is None:
                 break
+            if self._absorb_abort(msg) or self.is_aborted(msg.request_id):
+                continue
             if msg.type != "stream_chunk":
                 self.pending_messages.appendleft(msg)
                 break
-            if self.is_aborted(msg.request_id):
-                continue
             if seen is not None:
                 if msg.request_id in seen:
                     self.pending_messages.appendleft(msg)

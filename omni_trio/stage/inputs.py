@@ -14,8 +14,11 @@ from typing import Any, Protocol
 from omni_trio.payload import StagePayload
 
 
-class FanInError(Exception):
-    """A fan-in input or hook answer the stage cannot use."""
+class FanInError(ValueError):
+    """A fan-in input or hook answer the stage cannot use.
+
+    A ``ValueError``, as the reference's fan-in raises, so its catch sites port.
+    """
 
 
 class InputHandler(Protocol):

@@ -29,12 +29,14 @@ from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.session import SessionOperation
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.replicas import BindingTable, replica_name
 from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
 from omni_trio.stage.scopes import RequestScopes
+from omni_trio.stage.sessions import check_append_route, session_operation
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
@@ -322,12 +324,39 @@ class Stage:
         if self._unhealthy is not None:
             await self.send_failure(request_id, f"stage is unhealthy: {self._unhealthy}")
             return
+        try:
+            operation = session_operation(payload)
+        except ValueError as exc:
+            await self.send_failure(request_id, f"session operation: {describe_error(exc)}")
+            return
+        if operation is not None and not await self._admit_session(request_id, payload, operation):
+            return
         if self._tracer.enabled:
             self._tracer.event("stage_dispatch", request_id=request_id, stage=self.name)
         try:
             self._enqueue(IncomingMessage(request_id, "new_request", payload))
         except Exception as exc:  # noqa: BLE001 - a scheduler refusing one request fails only it
             await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}")
+
+    async def _admit_session(self, request_id: str, payload: StagePayload, operation: SessionOperation) -> bool:
+        """Abort what the operation preempts; check an append's route and forward it to the next owner."""
+        for preempted in operation.preempted_request_ids:
+            if preempted != request_id:
+                self.on_abort(preempted)
+        if operation.op != "append":
+            return True
+        try:
+            # Checked before computing too: a wrong route must not stream anywhere first.
+            following = check_append_route(
+                operation, self.name, self._routing.stream_to, self._routing.get_next(request_id, payload)
+            )
+            if following is not None:
+                with self._scopes.open(request_id):
+                    await self._send_to_stage(request_id, following, payload, single=False)
+        except Exception as exc:  # noqa: BLE001 - a bad route or transport fails only this request
+            await self.send_failure(request_id, f"forwarding the session append: {describe_error(exc)}")
+            return False
+        return request_id not in self.aborted
 
     def _mark_active(self, request_id: str, *, payload_arrived: bool, bindings: dict[str, int] | None = None) -> None:
         self._hold(request_id, bindings)
@@ -573,6 +602,10 @@ class Stage:
     # ------------------------------------------------------------------ route_result
 
     async def _route_result(self, request_id: str, result: Any) -> None:
+        operation = session_operation(result)
+        if operation is not None:
+            await self._route_session(request_id, result, operation)
+            return
         next_stages = self._routing.get_next(request_id, result)
         if self._claim is not None and not self._claim(result, terminal=next_stages is None):
             return
@@ -589,6 +622,22 @@ class Stage:
         finally:
             if self._release is not None:
                 self._release(result, delivered=delivered)
+
+    async def _route_session(self, request_id: str, result: StagePayload, operation: SessionOperation) -> None:
+        """Complete a session operation here, or (a middle owner's append) end its stream to the next owner."""
+        following = None
+        if operation.op == "append":
+            next_stages = self._routing.get_next(request_id, result)
+            following = check_append_route(operation, self.name, self._routing.stream_to, next_stages)
+        if following is not None:
+            # The next owner has the append since admission: it only needs to hear the stream ended.
+            with self._scopes.open(request_id):
+                await self._counted(self._link(following).stream_signal(request_id, self.name))
+            self.clear_request_state(request_id)
+            return
+        self.clear_request_state(request_id)
+        if request_id not in self.aborted:
+            await self._coordinator.complete(request_id, self.name, result=result.data)
 
     async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
         for target in self._routing.stream_done_targets(request_id, result):

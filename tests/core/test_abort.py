@@ -155,8 +155,10 @@ async def test_bad_request_arguments_are_refused(placement: str) -> None:
         async with ot.open_pipeline(config) as pipeline:
             with pytest.raises(ValueError, match="non-empty strings"):
                 await pipeline.submit("", "x")
-            with pytest.raises(ValueError, match="reserved"):
+            with pytest.raises(ValueError, match="unknown session operation"):
                 await pipeline.submit("r0", "x", metadata={"omni_session": {}})
+            with pytest.raises(ValueError, match="needs 'stages'"):
+                await pipeline.submit("r0", "x", metadata={"omni_session": {"op": "open", "session_id": "s"}})
             with pytest.raises(ValueError, match="deadline"):
                 await pipeline.submit("r0", "x", deadline=0)
         with pytest.raises(ot.PipelineClosed):
