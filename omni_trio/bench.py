@@ -14,6 +14,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W6``: split -> (upper, count) -> join, a process each: latency.
 - ``W7``: the 4-stage chain with every stage in one worker process: latency.
 - ``W8``: start-up and shutdown time of the 4-stage chain.
+- ``W9``: a chain whose middle stage holds each request 20 ms outside the GIL, 16 in flight, with that
+  stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 
@@ -46,7 +48,9 @@ from typing import Any
 import torch
 import trio
 
+from omni_trio import bench_replicas as replica_bench
 from omni_trio.config import PipelineConfig, StageConfig
+from omni_trio.coordinator import Coordinator
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
 from omni_trio.runtime import open_pipeline
@@ -54,7 +58,7 @@ from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, Simpl
 
 M = "omni_trio.bench"
 MB = 1 << 20
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "floor", "idle")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle")
 
 
 # --------------------------------------------------------------------------- stage factories (imported by workers)
@@ -343,24 +347,42 @@ async def w3(q: bool) -> dict[str, float]:
     """Chain of 4 no-op stages, many requests in flight: throughput."""
     total, in_flight = (200, 16) if q else (2000, 64)
     async with open_pipeline(chain_config(4)) as pipeline:
-        for i in range(10):
-            await pipeline.submit(f"warm-{i}", "x")
-        next_id = 0
-
-        async def client() -> None:
-            nonlocal next_id
-            while next_id < total:
-                rid = next_id
-                next_id += 1
-                await pipeline.submit(f"r-{rid}", "x")
-
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(in_flight):
-                nursery.start_soon(client)
-        elapsed = time.perf_counter() - started
+        elapsed = await concurrent_run(pipeline, total, in_flight, warmup=10)
     return {"requests_per_s": total / elapsed, "requests": float(total), "in_flight": float(in_flight),
             "elapsed_s": elapsed}
+
+
+async def concurrent_run(pipeline: Coordinator, total: int, in_flight: int, *, warmup: int) -> float:
+    """Seconds to run ``total`` requests with ``in_flight`` of them at a time, after ``warmup`` sequential ones."""
+    for i in range(warmup):
+        await pipeline.submit(f"warm-{i}", "x")
+    next_id = 0
+
+    async def client() -> None:
+        nonlocal next_id
+        while next_id < total:
+            rid = next_id
+            next_id += 1
+            await pipeline.submit(f"r-{rid}", "x")
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(in_flight):
+            nursery.start_soon(client)
+    return time.perf_counter() - started
+
+
+async def w9(q: bool) -> dict[str, float]:
+    """A chain with a 20 ms device stage at 1, 2 and 4 replicas, 16 in flight: requests/s and speed-ups."""
+    total = 64 if q else 400
+    result: dict[str, float] = {"device_ms": replica_bench.DEVICE_S * 1000, "in_flight": float(replica_bench.IN_FLIGHT)}
+    for replicas in replica_bench.REPLICAS:
+        async with open_pipeline(replica_bench.replica_chain(replicas)) as pipeline:
+            elapsed = await concurrent_run(pipeline, total, replica_bench.IN_FLIGHT, warmup=2 * replicas)
+        result[f"requests_per_s_r{replicas}"] = total / elapsed
+    for replicas in replica_bench.REPLICAS[1:]:
+        result[f"speedup_r{replicas}"] = result[f"requests_per_s_r{replicas}"] / result["requests_per_s_r1"]
+    return result
 
 
 def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
@@ -532,7 +554,7 @@ def floor_sync(q: bool) -> dict[str, float]:
 
 
 ASYNC_WORKLOADS: dict[str, Callable[[bool], Awaitable[dict[str, float]]]] = {
-    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "idle": idle,
+    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "W9": w9, "idle": idle,
 }
 
 

@@ -21,6 +21,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.lanes import Lanes
 from omni_trio.control.releases import CreditHold, ReleaseSender
 from omni_trio.payload import StagePayload, StreamItem
+from omni_trio.stage.replicas import logical_name
 from omni_trio.tracing import Tracer
 
 if TYPE_CHECKING:
@@ -94,19 +95,21 @@ class Receiver:
         rid = message.request_id
 
         async def deliver(payload: Any) -> None:
-            await stage.on_submit(_checked_payload(payload, rid))
+            await stage.on_submit(_checked_payload(payload, rid), message.replica_bindings)
 
         await self.receive_object(ref, rid, COORDINATOR, message.to_stage, deliver)
 
     async def on_data_ready(self, message: m.DataReady) -> None:
         """A payload, stream chunks or a stream signal for a stage here."""
         stage = self._stage(message.to_stage)
-        rid, sender = message.request_id, message.from_stage
+        # Addresses (``voc@r1``) route ACKs and credits; the stage sees the sender's stage name.
+        rid, sender, receiver = message.request_id, message.from_stage, stage.address
+        source, bindings = logical_name(sender), message.replica_bindings
         if message.is_signal:
-            lane = (rid, sender, stage.name)
+            lane = (rid, sender, receiver)
 
             async def signal(_: Any) -> None:
-                await stage.deliver_stream_signal(rid, sender, message.error)
+                await stage.deliver_stream_signal(rid, source, message.error, bindings)
 
             await self._in_order(lane, _nothing, signal, needs_task=False)
             return
@@ -114,9 +117,9 @@ class Receiver:
         if message.chunk_id is None:
 
             async def payload(value: Any) -> None:
-                await stage.deliver_payload(rid, sender, _checked_payload(value, rid))
+                await stage.deliver_payload(rid, source, _checked_payload(value, rid), bindings)
 
-            await self.receive_object(ref, rid, sender, stage.name, payload)
+            await self.receive_object(ref, rid, sender, receiver, payload)
             return
         first, count = message.chunk_id, message.chunk_count
         # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md §9).
@@ -128,19 +131,19 @@ class Receiver:
                 try:
                     pairs = chunk_list(value, count)
                     items = [
-                        StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)
+                        StreamItem(first + i, data, source, metadata) for i, (data, metadata) in enumerate(pairs)
                     ]
                 except (TypeError, ValueError) as exc:
                     await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
                     return
                 on_taken = None if credit is None else credit.give_back
-                adopted = await stage.deliver_stream_chunks(rid, sender, items, on_taken)
+                adopted = await stage.deliver_stream_chunks(rid, source, items, on_taken, bindings)
             finally:
                 if credit is not None and not adopted:
                     credit.give_back()  # dropped, or not queued: nothing will take it
 
         await self.receive_object(
-            ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count), credit=credit
+            ref, rid, sender, receiver, chunks, chunk_ids=range(first, first + count), credit=credit
         )
 
     async def receive_object(
@@ -246,6 +249,6 @@ class Receiver:
         if ref.buffer is None or sender == COORDINATOR or not stage.reports_takes:
             return None
         message = m.CreditReturn(
-            request_id=request_id, from_stage=stage.name, to_stage=sender, object_id=ref.object_id
+            request_id=request_id, from_stage=stage.address, to_stage=sender, object_id=ref.object_id
         )
         return CreditHold(self._releases, self._process_of(sender), message)
