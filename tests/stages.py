@@ -291,6 +291,20 @@ def create_burst_streamer() -> BurstStreamer:
     return BurstStreamer()
 
 
+def create_loop_burst_streamer() -> SimpleScheduler:
+    """Streams ``chunks`` (param) chunks ``full((8,), i)`` from an inline compute, so every put lands on
+    the stage's event loop before its drain, idle until the first put, can run; then returns the payload."""
+    import torch
+
+    def burst(payload: StagePayload) -> StagePayload:
+        for i in range(int(payload.request.params["chunks"])):
+            scheduler.outbox.put(OutgoingMessage(payload.request_id, "stream", data=torch.full((8,), float(i))))
+        return payload
+
+    scheduler = SimpleScheduler(burst, inline=True)
+    return scheduler
+
+
 class Swallow(QueueScheduler):
     """Takes requests and never answers (a stand-in upstream whose output a test forges)."""
 

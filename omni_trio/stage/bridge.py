@@ -6,7 +6,11 @@ never block. Two crossings, neither of which polls:
 * :class:`SchedulerThread` runs ``warm_up_serving_thread()`` then ``start()``
   and reports "warm" and "finished" to trio through the ``TrioToken``.
 * The stage's drain takes the outbox in batches of up to 64 messages from
-  an :func:`outbox_source`: for an :class:`~omni_trio.scheduling.Outbox`
+  an :func:`outbox_source`, except that the first message after the outbox
+  was empty comes alone: it is sent at once (the first chunk of a stream
+  does not wait for its run to be encoded), and what the scheduler puts
+  while it is in flight coalesces into the next batch. For an
+  :class:`~omni_trio.scheduling.Outbox`
   (every built-in scheduler's) an :class:`OutboxWaiter`, which takes what is
   queued and otherwise arms the outbox to wake it on the next ``put``; for
   any other ``queue.Queue`` an :class:`OutboxPump`, a thread that blocks on
@@ -117,10 +121,11 @@ class OutboxWaiter:
         """Nothing to start: no thread is needed."""
 
     async def next_batch(self) -> list[OutgoingMessage]:
-        """Take what is queued, else sleep until the next put."""
+        """Take what is queued, else sleep until the next put and take only the first message then."""
+        limit = DRAIN_BATCH
         while True:
             arrived = trio.Event()
-            batch = self._outbox.take_or_arm(DRAIN_BATCH, functools.partial(self._wake, arrived))
+            batch = self._outbox.take_or_arm(limit, functools.partial(self._wake, arrived))
             if batch:
                 return batch
             try:
@@ -128,6 +133,9 @@ class OutboxWaiter:
             except BaseException:
                 self._outbox.disarm()
                 raise
+            # Nothing is in flight: what woke us goes out alone, at once, even if a producer thread that
+            # kept the GIL queued more meanwhile; those coalesce into the next batch while it is sent.
+            limit = 1
 
     def _wake(self, arrived: trio.Event) -> None:
         # Runs on the putting thread, inside the outbox's lock: never block here.
@@ -171,9 +179,13 @@ class OutboxPump:
 
     def _body(self) -> None:
         while True:
-            first = self._outbox.get()
+            try:
+                first, limit = self._outbox.get_nowait(), DRAIN_BATCH
+            except queue.Empty:
+                # The drain is idle: the message it waited for goes alone (see OutboxWaiter.next_batch).
+                first, limit = self._outbox.get(), 1
             batch = [first]
-            while first.type != "wakeup" and len(batch) < DRAIN_BATCH:
+            while first.type != "wakeup" and len(batch) < limit:
                 try:
                     message = self._outbox.get_nowait()
                 except queue.Empty:

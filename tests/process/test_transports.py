@@ -325,3 +325,20 @@ async def test_a_burst_of_small_chunks_travels_in_few_messages_in_order(ipc_base
     burst = run.named("comm_stream_send", from_stage="burst")
     assert len(burst) <= 16  # 301 chunks; halving around the big one costs a few more messages
     assert [(s["chunk_id"], s["chunk_count"]) for s in burst if s["transport"] == "shm"] == [(150, 1)]
+
+
+async def test_the_first_chunk_leaves_alone_and_the_rest_coalesce(ipc_base: Path, tmp_path: Path) -> None:
+    # The streamer's drain is idle when its first chunk is put and finds all ten queued when it runs: the
+    # first goes out at once in a message of its own, the nine queued behind it share the next one.
+    trace = tmp_path / "run.jsonl"
+    config = helpers.config(
+        ipc_base,
+        stage("burst", "create_loop_burst_streamer", process="p_burst", next="sum", stream_to=["sum"]),
+        stage("sum", "create_streaming_sum", process="p_sum", terminal=True, can_accept_stream_before_payload=True),
+    )
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config, trace=trace) as pipeline:
+            events = [event async for event in pipeline.stream("r0", "go", params={"chunks": 10})]
+    assert [e.chunk for e in events if isinstance(e, ot.StreamMessage)] == [float(8 * i) for i in range(10)]
+    sends = Run(None, ot.read_trace(trace), trace).named("comm_stream_send", from_stage="burst")
+    assert [(s["chunk_id"], s["chunk_count"]) for s in sends] == [(0, 1), (1, 9)]
