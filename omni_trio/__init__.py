@@ -9,9 +9,16 @@ Everything users need is importable from here::
         result = await pipeline.submit("r0", "hello")
 """
 
-from omni_trio.config import CommConfig, EndpointsConfig, PipelineConfig, StageConfig, StreamDeliveryConfig
+from omni_trio.config import (
+    CommConfig,
+    EndpointsConfig,
+    PipelineConfig,
+    ServeConfig,
+    StageConfig,
+    StreamDeliveryConfig,
+)
 from omni_trio.configfile import load_config
-from omni_trio.coordinator import Coordinator, PipelineStats, RequestStream
+from omni_trio.coordinator import Coordinator, PipelineHealth, PipelineStats, RequestStream
 from omni_trio.errors import (
     ConfigError,
     ConfigProblem,
@@ -40,6 +47,7 @@ from omni_trio.scheduling import (
     StreamingSimpleScheduler,
     ThreadedSimpleScheduler,
 )
+from omni_trio.serve import ServeAdapter, ServerAddress, serve
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import read_trace
 
@@ -59,6 +67,7 @@ __all__ = [
     "OutgoingMessage",
     "PipelineClosed",
     "PipelineConfig",
+    "PipelineHealth",
     "PipelineStats",
     "QueueFullError",
     "RequestAborted",
@@ -67,6 +76,9 @@ __all__ = [
     "RequestStream",
     "RequestTimeout",
     "RoutedPayloads",
+    "ServeAdapter",
+    "ServeConfig",
+    "ServerAddress",
     "SessionScheduler",
     "SimpleScheduler",
     "StageConfig",
@@ -83,4 +95,5 @@ __all__ = [
     "load_config",
     "open_pipeline",
     "read_trace",
+    "serve",
 ]
