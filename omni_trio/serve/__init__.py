@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 async def serve(
     pipeline: Coordinator,
     config: PipelineConfig | ServeConfig,
-    *,
     host: str = "127.0.0.1",
     port: int = 8000,
+    *,
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[ServerAddress] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -35,8 +35,8 @@ async def serve(
 
     ``config`` is the pipeline's config (its ``serve`` table is used) or a
     :class:`~omni_trio.ServeConfig`. Start it with
-    ``address = await nursery.start(ot.serve, pipeline, config)``: ``address``
-    is the bound :class:`ServerAddress` (``port=0`` picks a free port). Once
+    ``address = await nursery.start(ot.serve, pipeline, config, host, port)``:
+    ``address`` is the bound :class:`ServerAddress` (``port=0`` picks a free port). Once
     ``shutdown`` is set the server stops accepting connections and gives
     requests in flight ``grace_period_s`` to finish; those still running
     then are aborted. Cancelling it aborts them at once.
