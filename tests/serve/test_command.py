@@ -7,6 +7,7 @@ exits, leaving no process, socket or shared-memory segment behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -63,7 +64,8 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
         line = server.stdout.readline()  # bounded by the pipeline's start-up timeout
         if not line.startswith("listening on http://127.0.0.1:"):
             server.wait(30)
-            raise AssertionError(f"no listening line: {line!r}; stderr: {server.stderr.read() if server.stderr else None}")
+            stderr = server.stderr.read() if server.stderr else None
+            raise AssertionError(f"no listening line: {line!r}; stderr: {stderr}")
         url = line.split()[-1]
         workers = _children(server.pid)
         assert len(workers) == 5
@@ -93,10 +95,8 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
             server.kill()
             server.wait(30)
         for pid in _children(server.pid) | workers:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     assert not any(Path(f"/proc/{pid}").exists() and "omni_trio" in Path(f"/proc/{pid}/cmdline").read_text()
                    for pid in workers)
     assert list(tmp_path.glob("omnitrio-*")) == []
