@@ -6,6 +6,9 @@ until its request is aborted. ``max_in_flight=1`` makes the second request a 429
 
 from __future__ import annotations
 
+import functools
+
+import attrs
 import httpx
 import trio
 
@@ -93,3 +96,32 @@ async def test_every_error_code(placement: str) -> None:
                     assert _metric(metrics, f'omni_trio_requests_total{{outcome="{outcome}"}}') == count, outcome
                 assert _metric(metrics, "omni_trio_requests_in_flight") == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_lets_requests_finish_within_the_grace_period_then_aborts_them(placement: str) -> None:
+    config = attrs.evolve(_config(placement), max_in_flight=None,
+                          serve=ot.ServeConfig(model="toy", adapter="tests.serve.adapters.TrailAdapter",
+                                               grace_period_s=0.5))
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+            shutdown = trio.Event()
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(functools.partial(ot.serve, pipeline, config, "127.0.0.1", 0,
+                                                                shutdown=shutdown))
+                outcomes: list[str] = []
+
+                async def held() -> None:
+                    async with httpx.AsyncClient(base_url=address.url, timeout=None) as client:
+                        try:
+                            await client.post(CHAT, json=_chat("block", stream=True))
+                            outcomes.append("answered")
+                        except httpx.HTTPError:
+                            outcomes.append("cut off")
+
+                nursery.start_soon(held)
+                with trio.fail_after(10):
+                    while (await pipeline.stats()).live_requests == 0:
+                        await trio.sleep(0.01)
+                shutdown.set()  # serve returns once the grace period is over
+            assert outcomes == ["cut off"]
+            assert (await pipeline.stats()).idle
