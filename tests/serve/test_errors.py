@@ -125,3 +125,24 @@ async def test_shutdown_lets_requests_finish_within_the_grace_period_then_aborts
                 shutdown.set()  # serve returns once the grace period is over
             assert outcomes == ["cut off"]
             assert (await pipeline.stats()).idle
+
+
+async def test_a_client_leaving_mid_stream_aborts_its_request_everywhere(placement: str) -> None:
+    config = build(placement, stage("streamer", "create_stream_then_wait", terminal=True),
+                   serve=ot.ServeConfig(model="toy", adapter="tests.serve.adapters.TrailAdapter"))
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
+            address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+            async with httpx.AsyncClient(base_url=address.url, timeout=None) as client:
+                async with client.stream("POST", CHAT, json=_chat("hi", stream=True)) as response:
+                    lines = response.aiter_lines()
+                    while '"content":"first"' not in await anext(lines):
+                        pass
+                    # The answer is streaming, and the request can only end by an abort.
+                    assert (await pipeline.stats()).live_requests == 1
+                with trio.fail_after(10):
+                    while not (await pipeline.stats()).idle or _metric(
+                        (await client.get("/metrics")).text, 'omni_trio_requests_total{outcome="disconnected"}'
+                    ) != 1:
+                        await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()

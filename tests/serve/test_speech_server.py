@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import httpx
 import openai
@@ -112,14 +113,14 @@ async def test_eight_concurrent_streaming_clients_get_the_same_audio(speech_serv
     await client.close()
 
 
-def test_a_client_leaving_mid_stream_aborts_its_request(speech_server: SpeechServer) -> None:
+def test_a_client_leaving_mid_stream_leaves_nothing_behind(speech_server: SpeechServer) -> None:
     before = _metric(httpx.get(f"{speech_server.url}/metrics").text, 'omni_trio_requests_total{outcome="disconnected"}')
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True,
             "max_tokens": 1000, "modalities": ["text", "audio"], "audio": {"voice": "a", "format": "pcm16"}}
     with httpx.stream("POST", f"{speech_server.url}/v1/chat/completions", json=body, timeout=60) as response:
-        next(response.iter_lines())
-        assert speech_server.call(speech_server.pipeline.stats).live_requests == 1
-    # Abort reaches every stage at once: within a bounded wait, nothing of it is left anywhere.
+        next(response.iter_lines())  # (test_errors.py shows the abort on a request that cannot end by itself)
+    # The abort reaches every stage at once: within a bounded wait nothing of it is left anywhere, and
+    # the request is counted as disconnected.
 
     async def settled() -> None:
         with trio.fail_after(20):
@@ -127,8 +128,12 @@ def test_a_client_leaving_mid_stream_aborts_its_request(speech_server: SpeechSer
                 await trio.sleep(0.01)
 
     speech_server.call(settled)
-    after = _metric(httpx.get(f"{speech_server.url}/metrics").text, 'omni_trio_requests_total{outcome="disconnected"}')
-    assert after == before + 1
+    metrics_url = f"{speech_server.url}/metrics"
+    outcome = 'omni_trio_requests_total{outcome="disconnected"}'
+    deadline = time.monotonic() + 20
+    while _metric(httpx.get(metrics_url).text, outcome) != before + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _metric(httpx.get(metrics_url).text, outcome) == before + 1
 
 
 def test_models_health_and_metrics(speech_server: SpeechServer) -> None:
