@@ -22,10 +22,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Sequence
 
 from omni_trio import (
     IncomingMessage,
+    OmniRequest,
     OutgoingMessage,
+    ReplicaLoad,
     SimpleScheduler,
     StagePayload,
     StreamingSimpleScheduler,
@@ -79,6 +82,28 @@ def create_exit_on(word: str = "crash") -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(echo)
+
+
+def create_speaker(device: str, replica: int) -> SimpleScheduler:
+    """For the replicas docs: says which ``device`` (a ``{replica}`` placeholder in the config) and
+    which replica (injected, the factory declares it) served each request."""
+
+    def speak(payload: StagePayload) -> StagePayload:
+        payload.data = {"words": len(payload.data["tokens"]), "device": device, "replica": replica}
+        return payload
+
+    return SimpleScheduler(speak)
+
+
+class PinnedPolicy:
+    """A replica policy for the docs: a request whose metadata names a ``replica`` goes there if it
+    can take work; the others go to the least loaded replica (lowest index first)."""
+
+    def choose(self, request_id: str, request: OmniRequest, group: str, replicas: Sequence[ReplicaLoad]) -> int:
+        wanted = request.metadata.get("replica")
+        if any(replica.index == wanted for replica in replicas):
+            return int(wanted)
+        return min(replicas, key=lambda replica: (replica.in_flight, replica.index)).index
 
 
 def create_slow_echo() -> SimpleScheduler:

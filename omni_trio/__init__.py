@@ -35,6 +35,7 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
+from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
     Inbox,
@@ -61,6 +62,7 @@ __all__ = [
     "EndpointsConfig",
     "Inbox",
     "IncomingMessage",
+    "LeastInFlight",
     "OmniRequest",
     "OmniTrioError",
     "Outbox",
@@ -70,6 +72,8 @@ __all__ = [
     "PipelineHealth",
     "PipelineStats",
     "QueueFullError",
+    "ReplicaLoad",
+    "ReplicaPolicy",
     "RequestAborted",
     "RequestError",
     "RequestFailed",

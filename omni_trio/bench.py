@@ -14,6 +14,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W6``: split -> (upper, count) -> join, a process each: latency.
 - ``W7``: the 4-stage chain with every stage in one worker process: latency.
 - ``W8``: start-up and shutdown time of the 4-stage chain.
+- ``W9``: a chain whose middle stage holds each request 20 ms outside the GIL, 16 in flight, with that
+  stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 - ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
@@ -21,10 +23,12 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   ``/v1/audio/speech``) and through ``pipeline.stream`` directly, with 1 and 8 concurrent clients.
   Needs the repository root on ``sys.path`` (the demo lives in ``examples/``) and httpx (a test extra).
 
-``--quick`` shrinks every count so that the whole suite runs in well under a minute. The no-op and text
-stages compute inline, on their stage's event loop (``SimpleScheduler(inline=True)``: they never
-block); ``--threaded-stages`` runs them on their scheduler threads instead. The results are printed as
-a table and written as JSON (default ``out/bench.json``); ``--vs-sglang-omni`` adds SGLang-Omni's.
+``--quick`` shrinks every count so that the whole suite runs in well under a minute. The stages are
+what a user writes: ``SimpleScheduler(fn)`` with its default arguments (``fn`` runs on the scheduler
+thread), in a module that imports torch at the top. ``--inline`` runs the no-op and text stages'
+compute on their stage's event loop instead (``SimpleScheduler(fn, inline=True)``: an extra column
+of docs/benchmarks.md, not the headline). The results are printed as a table and written as JSON
+(default ``out/bench.json``); ``--vs-sglang-omni`` adds SGLang-Omni's.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import trio
 
+from omni_trio import bench_replicas as replica_bench
 from omni_trio.config import PipelineConfig, StageConfig
+from omni_trio.coordinator import Coordinator
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
 from omni_trio.runtime import open_pipeline
@@ -55,21 +62,20 @@ from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, Simpl
 
 M = "omni_trio.bench"
 MB = 1 << 20
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "floor", "idle", "serve")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve")
 
 
 # --------------------------------------------------------------------------- stage factories (imported by workers)
 
 
-def create_noop(inline: bool = True) -> SimpleScheduler:
-    """A stage that returns each payload unchanged (on the event loop unless ``inline`` is False)."""
+def create_noop(inline: bool = False) -> SimpleScheduler:
+    """A stage that returns each payload unchanged (on the scheduler thread; on the event loop if ``inline``)."""
     return SimpleScheduler(lambda payload: payload, inline=inline)
 
 
 def create_tensor_source() -> SimpleScheduler:
     """Returns ``{"t": <float32 tensor>}`` of the request's ``numel`` param; the tensor is made once per
     size and reused, so the measured time is the transfer, not the allocation."""
-    import torch
 
     cache: dict[int, Any] = {}
 
@@ -109,7 +115,6 @@ class ChunkTalker:
 
     def start(self) -> None:
         """Serve requests until the wakeup sentinel."""
-        import torch
 
         while True:
             msg = self.inbox.get()
@@ -169,7 +174,7 @@ def create_forwarding_vocoder() -> ForwardingVocoder:
     return ForwardingVocoder()
 
 
-def create_split(inline: bool = True) -> SimpleScheduler:
+def create_split(inline: bool = False) -> SimpleScheduler:
     """Splits the input text into words."""
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -180,7 +185,7 @@ def create_split(inline: bool = True) -> SimpleScheduler:
     return SimpleScheduler(fn, inline=inline)
 
 
-def create_upper(inline: bool = True) -> SimpleScheduler:
+def create_upper(inline: bool = False) -> SimpleScheduler:
     """Upper-cases the text."""
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -190,7 +195,7 @@ def create_upper(inline: bool = True) -> SimpleScheduler:
     return SimpleScheduler(fn, inline=inline)
 
 
-def create_count(inline: bool = True) -> SimpleScheduler:
+def create_count(inline: bool = False) -> SimpleScheduler:
     """Counts the words."""
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -211,10 +216,9 @@ def merge(inputs: dict[str, StagePayload]) -> StagePayload:
 
 # --------------------------------------------------------------------------- configs
 
-#: Factory arguments of the no-op and text stages (W1-W3, W6-W8): their compute runs inline, on the
-#: stage's event loop, unless ``--threaded-stages`` hands it to the scheduler thread (the default of
-#: a SimpleScheduler), which costs two thread hand-offs per stage.
-STAGE_FACTORY: dict[str, Any] = {"inline": True}
+#: Factory arguments of the no-op and text stages (W1-W3, W6-W8): none (SimpleScheduler's defaults:
+#: compute on the scheduler thread), or ``{"inline": True}`` with ``--inline``.
+STAGE_FACTORY: dict[str, Any] = {}
 
 
 def chain_config(stages: int, *, one_process: bool = False) -> PipelineConfig:
@@ -347,29 +351,46 @@ async def w3(q: bool) -> dict[str, float]:
     """Chain of 4 no-op stages, many requests in flight: throughput."""
     total, in_flight = (200, 16) if q else (2000, 64)
     async with open_pipeline(chain_config(4)) as pipeline:
-        for i in range(10):
-            await pipeline.submit(f"warm-{i}", "x")
-        next_id = 0
-
-        async def client() -> None:
-            nonlocal next_id
-            while next_id < total:
-                rid = next_id
-                next_id += 1
-                await pipeline.submit(f"r-{rid}", "x")
-
-        started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(in_flight):
-                nursery.start_soon(client)
-        elapsed = time.perf_counter() - started
+        elapsed = await concurrent_run(pipeline, total, in_flight, warmup=10)
     return {"requests_per_s": total / elapsed, "requests": float(total), "in_flight": float(in_flight),
             "elapsed_s": elapsed}
 
 
+async def concurrent_run(pipeline: Coordinator, total: int, in_flight: int, *, warmup: int) -> float:
+    """Seconds to run ``total`` requests with ``in_flight`` of them at a time, after ``warmup`` sequential ones."""
+    for i in range(warmup):
+        await pipeline.submit(f"warm-{i}", "x")
+    next_id = 0
+
+    async def client() -> None:
+        nonlocal next_id
+        while next_id < total:
+            rid = next_id
+            next_id += 1
+            await pipeline.submit(f"r-{rid}", "x")
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(in_flight):
+            nursery.start_soon(client)
+    return time.perf_counter() - started
+
+
+async def w9(q: bool) -> dict[str, float]:
+    """A chain with a 20 ms device stage at 1, 2 and 4 replicas, 16 in flight: requests/s and speed-ups."""
+    total = 64 if q else 400
+    result: dict[str, float] = {"device_ms": replica_bench.DEVICE_S * 1000, "in_flight": float(replica_bench.IN_FLIGHT)}
+    for replicas in replica_bench.REPLICAS:
+        async with open_pipeline(replica_bench.replica_chain(replicas)) as pipeline:
+            elapsed = await concurrent_run(pipeline, total, replica_bench.IN_FLIGHT, warmup=2 * replicas)
+        result[f"requests_per_s_r{replicas}"] = total / elapsed
+    for replicas in replica_bench.REPLICAS[1:]:
+        result[f"speedup_r{replicas}"] = result[f"requests_per_s_r{replicas}"] / result["requests_per_s_r1"]
+    return result
+
+
 def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
     """Median seconds of ``buf.copy_(t)`` into a preallocated buffer and of ``t.clone()``."""
-    import torch
 
     t = torch.ones(numel, dtype=torch.float32)
     buf = torch.empty_like(t)
@@ -607,7 +628,7 @@ def floor_sync(q: bool) -> dict[str, float]:
 
 
 ASYNC_WORKLOADS: dict[str, Callable[[bool], Awaitable[dict[str, float]]]] = {
-    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "idle": idle,
+    "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "W9": w9, "idle": idle,
     "serve": serve_bench,
 }
 
@@ -628,8 +649,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
     parser.add_argument("--json", default="out/bench.json", metavar="PATH", help="where to write the results")
     parser.add_argument("--only", metavar="LIST", help=f"comma-separated workloads out of {','.join(WORKLOADS)}")
-    parser.add_argument("--threaded-stages", action="store_true",
-                        help="run the no-op and text stages' compute on their scheduler threads instead of inline")
+    parser.add_argument("--inline", action="store_true",
+                        help="run the no-op and text stages' compute on their event loops "
+                             "(SimpleScheduler(inline=True)) instead of their scheduler threads")
     parser.add_argument("--vs-sglang-omni", action="store_true",
                         help="also run each workload on SGLang-Omni 0.1.9, right after ours, and print "
                              "ours/theirs ratios (install: docs/benchmarks.md)")
@@ -655,7 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the chosen workloads, print a table, write the JSON; 0 if every workload ran, 1 otherwise
     (2 when ``--vs-sglang-omni`` is asked for but SGLang-Omni is not importable)."""
     args = parse_args(argv)
-    STAGE_FACTORY["inline"] = not args.threaded_stages
+    STAGE_FACTORY.clear()
+    if args.inline:
+        STAGE_FACTORY["inline"] = True
     comparison = None
     if args.vs_sglang_omni:
         from omni_trio import bench_sglang
@@ -686,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{workload:<{widths[0]}}  {metric:<{widths[1]}}  {value:>{widths[2]}}")
     document = {
         "quick": args.quick,
-        "threaded_stages": args.threaded_stages,
+        "inline_stages": args.inline,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

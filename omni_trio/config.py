@@ -31,6 +31,10 @@ RESTART_POLICIES = ("never", "on-failure")
 MAIN_PROCESS = "main"
 # A worker's name names its socket and spec files: one plain path component.
 _PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+#: The suffix of a replica's name (``voc@r1``, ``p_voc@r1``); stage names must not end in it.
+REPLICA_SUFFIX = re.compile(r"@r(\d+)$")
+#: The placeholder a string factory argument may hold; each replica gets its index there.
+REPLICA_PLACEHOLDER = "{replica}"
 
 
 def dotted_path(value: Any) -> Any:
@@ -53,6 +57,21 @@ def _optional_dotted(value: Any) -> Any:
 def _name_list(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return list(value)
+    return value
+
+
+def _optional_list(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _with_replica(value: Any, replica: int) -> Any:
+    """``value`` with every ``{replica}`` in its strings (nested in lists and dicts too) replaced."""
+    if isinstance(value, str):
+        return value.replace(REPLICA_PLACEHOLDER, str(replica))
+    if isinstance(value, list):
+        return [_with_replica(item, replica) for item in value]
+    if isinstance(value, dict):
+        return {key: _with_replica(item, replica) for key, item in value.items()}
     return value
 
 
@@ -127,6 +146,14 @@ class StageConfig:
     again, at most ``max_restarts`` times over the pipeline's life). It is a
     property of the process, so every stage of one process must agree; it
     has no effect on a stage with ``process=None``.
+
+    ``replicas=N`` runs the stage's whole process group in N worker
+    processes, ``<process>@r0`` to ``<process>@r{N-1}``; each request is
+    bound to one replica of the group for everything it sends there (see
+    docs/concepts.md, "Replicas"). ``replica_factory`` (one dict per
+    replica) overlays ``factory`` per replica, and ``{replica}`` in a string
+    of ``factory`` becomes the replica's index. ``replica_policy`` names the
+    group's dispatch policy (default: ``PipelineConfig.replica_policy``).
     """
 
     name: str
@@ -148,6 +175,17 @@ class StageConfig:
     comm: CommConfig | None = None
     restart: str = "never"
     max_restarts: int = 3
+    replicas: int = 1
+    replica_factory: list[dict[str, Any]] | None = attrs.field(default=None, converter=_optional_list)
+    replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
+
+    def factory_kwargs(self, replica: int) -> dict[str, Any]:
+        """The ``factory`` kwargs of replica ``replica``: ``{replica}`` in strings replaced by its
+        index, then overlaid by its entry of ``replica_factory``."""
+        kwargs = {key: _with_replica(value, replica) for key, value in self.factory.items()}
+        if self.replica_factory is not None:
+            kwargs.update(self.replica_factory[replica])
+        return kwargs
 
     @property
     def next_stages(self) -> list[str]:
@@ -169,6 +207,7 @@ class PipelineConfig:
     endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
     stream_delivery: StreamDeliveryConfig = attrs.field(factory=StreamDeliveryConfig)
     max_in_flight: int | None = None
+    replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
     serve: ServeConfig | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -311,6 +350,39 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         problems.append(
             ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
         )
+    return problems + _replica_problems(at, stage)
+
+
+def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    if isinstance(stage.name, str) and REPLICA_SUFFIX.search(stage.name):
+        problems.append(ConfigProblem(f"{at}.name", f"{stage.name!r} ends like a replica's name (@r<digits>)"))
+    count = stage.replicas
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        return [*problems, ConfigProblem(f"{at}.replicas", f"expected a whole number >= 1, got {count!r}")]
+    if count > 1 and stage.process is None:
+        problems.append(
+            ConfigProblem(
+                f"{at}.replicas",
+                f"replicas={count} needs worker processes: an embedded stage (process=None) runs once, "
+                "in the caller's process; set process",
+            )
+        )
+    problems += _check_hook_value(f"{at}.replica_policy", stage.replica_policy)
+    overrides = stage.replica_factory
+    if overrides is None:
+        return problems
+    if not isinstance(overrides, list) or len(overrides) != count:
+        got = f"{len(overrides)} entries" if isinstance(overrides, list) else type(overrides).__name__
+        problems.append(
+            ConfigProblem(f"{at}.replica_factory", f"expected a list of {count} dicts (one per replica), got {got}")
+        )
+        return problems
+    for k, entry in enumerate(overrides):
+        if not isinstance(entry, dict):
+            problems.append(
+                ConfigProblem(f"{at}.replica_factory[{k}]", f"expected a dict of factory kwargs, got {entry!r}")
+            )
     return problems
 
 
@@ -331,8 +403,17 @@ def _process_problems(at: str, process: object) -> list[ConfigProblem]:
     return []
 
 
-def _restart_problems(config: PipelineConfig) -> list[ConfigProblem]:
-    """The restart policy belongs to a process: its stages must not disagree about it."""
+#: Settings of a whole process group, which its stages must agree on, and what each is called in an error.
+_GROUP_FIELDS = {
+    "restart": "restart policy",
+    "max_restarts": "restart policy",
+    "replicas": "replica count (a group is replicated together)",
+    "replica_policy": "replica policy",
+}
+
+
+def _group_problems(config: PipelineConfig) -> list[ConfigProblem]:
+    """The restart policy and the replicas belong to a process: its stages must not disagree about them."""
     problems: list[ConfigProblem] = []
     first: dict[str, tuple[int, StageConfig]] = {}
     for i, stage in enumerate(config.stages):
@@ -342,14 +423,14 @@ def _restart_problems(config: PipelineConfig) -> list[ConfigProblem]:
             first[stage.process] = (i, stage)
             continue
         j, other = first[stage.process]
-        for field in ("restart", "max_restarts"):
+        for field, what in _GROUP_FIELDS.items():
             mine, theirs = getattr(stage, field), getattr(other, field)
             if mine != theirs:
                 problems.append(
                     ConfigProblem(
                         f"stages[{i}].{field}",
                         f"{field}={mine!r} differs from {field}={theirs!r} of stages[{j}] ({other.name!r}) in "
-                        f"the same process {stage.process!r}; all stages of one process share its restart policy",
+                        f"the same process {stage.process!r}; all stages of one process share its {what}",
                     )
                 )
     return problems
@@ -477,7 +558,8 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     for i, stage in enumerate(config.stages):
         problems += _stage_problems(i, stage, known)
     problems += _check_hook_value("terminal_stages_fn", config.terminal_stages_fn)
-    problems += _restart_problems(config)
+    problems += _group_problems(config)
+    problems += _check_hook_value("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
     problems += _serve_problems(config.serve)
     problems += _graph_problems(config, known)
@@ -543,14 +625,18 @@ def check_imports(config: PipelineConfig) -> None:
             problems.append(problem)
         else:
             problems += factory_kwarg_problems(f"{at}.factory", factory, stage.factory)
-        for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
+            for k, entry in enumerate(stage.replica_factory or []):
+                problems += factory_kwarg_problems(f"{at}.replica_factory[{k}]", factory, entry)
+        for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy"):
             value = getattr(stage, field)
             if value is not None:
                 problems += [p for p in [_import_problem(f"{at}.{field}", value)[1]] if p]
         for target, hook in stage.project_payload.items():
             problems += [p for p in [_import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
-    if config.terminal_stages_fn is not None:
-        problems += [p for p in [_import_problem("terminal_stages_fn", config.terminal_stages_fn)[1]] if p]
+    for field in ("terminal_stages_fn", "replica_policy"):
+        value = getattr(config, field)
+        if value is not None:
+            problems += [p for p in [_import_problem(field, value)[1]] if p]
     if config.serve is not None:
         adapter, problem = _import_problem("serve.adapter", config.serve.adapter)
         if problem:

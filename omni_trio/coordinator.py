@@ -30,6 +30,7 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
@@ -79,6 +80,13 @@ class PipelineStats:
     stages: dict[str, StageStats]
     live_requests: int
     rejected_requests: int = 0  # refused at admission by max_in_flight, since the pipeline opened
+    #: Replica processes that take no work now (dead, or being restarted).
+    down_replicas: tuple[str, ...] = ()
+
+    @property
+    def degraded(self) -> bool:
+        """True while a replica is down: the pipeline serves, with fewer replicas."""
+        return bool(self.down_replicas)
 
     @property
     def idle(self) -> bool:
@@ -107,7 +115,12 @@ class Coordinator:
     """Owns the live requests of one pipeline (see the module docstring)."""
 
     def __init__(
-        self, config: PipelineConfig, directory: StageDirectory, tracer: Tracer, nursery: trio.Nursery
+        self,
+        config: PipelineConfig,
+        directory: StageDirectory,
+        tracer: Tracer,
+        nursery: trio.Nursery,
+        replicas: ReplicaDispatcher | None = None,
     ) -> None:
         self._entry = config.entry
         self._terminals = frozenset(config.terminal_stages)
@@ -122,6 +135,8 @@ class Coordinator:
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
+        #: Binds each request to a replica of every replicated group (None: there is none).
+        self._replicas = replicas or None
 
     # ------------------------------------------------------------------ admission
 
@@ -160,6 +175,8 @@ class Coordinator:
         if deadline is not None and not deadline > 0:
             raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
         live = _LiveRequest(request_id, request, self._expected_terminals(request), streaming)
+        if self._replicas is not None:
+            self._replicas.bind(request_id, request)
         if streaming:
             live.events, live.received = trio.open_memory_channel[Any](math.inf)
         self._live[request_id] = live
@@ -261,7 +278,10 @@ class Coordinator:
     async def stats(self) -> PipelineStats:
         """Counters of every stage and of the coordinator."""
         return PipelineStats(
-            stages=await self._directory.stats(), live_requests=len(self._live), rejected_requests=self._rejected
+            stages=await self._directory.stats(),
+            live_requests=len(self._live),
+            rejected_requests=self._rejected,
+            down_replicas=() if self._replicas is None else self._replicas.down(),
         )
 
     def health(self) -> PipelineHealth:
@@ -286,6 +306,8 @@ class Coordinator:
         live.result = result
         live.done.set()
         self._live.pop(live.request_id, None)
+        if self._replicas is not None:
+            self._replicas.release(live.request_id)
         if live.deadline_scope is not None:
             live.deadline_scope.cancel()
         if live.streaming:
@@ -353,13 +375,21 @@ class Coordinator:
 
     # ------------------------------------------------------------------ shutdown
 
-    def fail_all(self, error_for: Callable[[str], RequestError], *, abort_everywhere: bool = False) -> None:
-        """Resolve every live request with ``error_for(request_id)`` (e.g. a dead process).
+    def fail_all(
+        self,
+        error_for: Callable[[str], RequestError],
+        *,
+        abort_everywhere: bool = False,
+        only: set[str] | None = None,
+    ) -> None:
+        """Resolve every live request (or those in ``only``) with ``error_for(request_id)`` (e.g. a dead process).
 
         With ``abort_everywhere`` (the pipeline goes on serving) each one is also aborted in every
         process, and its caller hears of the failure once that is done, as for any failure.
         """
         for live in list(self._live.values()):
+            if only is not None and live.request_id not in only:
+                continue
             self._resolve(live, outcome.Error(error_for(live.request_id)))
             if abort_everywhere:
                 self._broadcast_abort(live.request_id)

@@ -32,7 +32,9 @@ from omni_trio.control.links import RemoteStageLink
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError
 from omni_trio.payload import StagePayload
+from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.stage.links import CoordinatorLink, LocalCoordinatorLink, LocalStageLink, StageLink
+from omni_trio.stage.replicas import BindingTable, ReplicaLink, addressed_placement, addresses_of, worker_processes
 from omni_trio.stage.stage import Stage, StageStats, describe_error
 from omni_trio.supervisor import Supervisor, Worker
 from omni_trio.tracing import Tracer, trace_path_from_env
@@ -41,15 +43,16 @@ from omni_trio.tracing import Tracer, trace_path_from_env
 DEFAULT_START_TIMEOUT_S = 120.0
 
 
-def build_scheduler(config: StageConfig, model_path: str | None) -> Any:
-    """Call a stage's factory with its ``factory`` kwargs plus the standard values it declares."""
+def build_scheduler(config: StageConfig, model_path: str | None, replica: int | None = None) -> Any:
+    """Call a stage's factory with its ``factory`` kwargs (those of replica ``replica``) plus the
+    standard values it declares (``model_path``, ``gpu_id``, ``replica``)."""
     factory = import_string(config.factory_path)
-    kwargs = dict(config.factory)
+    kwargs = config.factory_kwargs(replica or 0)
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}  # type: ignore[assignment]
-    injected = {"model_path": model_path, "gpu_id": config.gpu}
+    injected = {"model_path": model_path, "gpu_id": config.gpu, "replica": replica or 0}
     for name, value in injected.items():
         if name in params and name not in kwargs:
             kwargs[name] = value
@@ -73,59 +76,71 @@ def build_stages(
     process: str,
     tracer: Tracer,
     coordinator: CoordinatorLink,
+    replica: int | None = None,
 ) -> dict[str, Stage]:
-    """Build the stages of one process (their links come from :func:`connect_stages`)."""
+    """Build the stages of one process, replica ``replica`` of its group if it is replicated
+    (their links come from :func:`connect_stages`)."""
     receivers = stream_receivers(config)
     return {
         spec.name: Stage(
             spec,
-            build_scheduler(spec, config.model_path),
+            build_scheduler(spec, config.model_path, replica),
             process=process,
             tracer=tracer,
             coordinator=coordinator,
             stream_receiver=spec.name in receivers,
+            replica=replica,
         )
         for spec in placed
     }
 
 
-def placement_of(config: PipelineConfig) -> dict[str, str]:
-    """Each stage's process name (``main`` for stages placed in the caller)."""
-    return {stage.name: stage.process or MAIN_PROCESS for stage in config.stages}
-
-
-def connect_stages(stages: dict[str, Stage], endpoint: Endpoint | None, tracer: Tracer) -> None:
-    """Give each stage of one process a link to every stage: local ones directly,
-    the others through the process's endpoint."""
+def connect_stages(
+    config: PipelineConfig,
+    stages: dict[str, Stage],
+    endpoint: Endpoint | None,
+    tracer: Tracer,
+    bindings: BindingTable | None = None,
+) -> None:
+    """Give each stage of one process a link to every stage: local ones directly, the others
+    through the process's endpoint (a replicated one through a :class:`ReplicaLink`)."""
     for stage in stages.values():
-        transports = TransportLog(stage.name, tracer) if endpoint is None else endpoint.transports(stage.name)
+        transports = TransportLog(stage.name, tracer) if endpoint is None else endpoint.transports(stage.address)
         links: dict[str, StageLink] = {name: LocalStageLink(other, transports) for name, other in stages.items()}
         if endpoint is None:
             stage.connect(links)
             continue
-        for target in endpoint.placement:
-            if target not in stages:
-                links[target] = RemoteStageLink(endpoint, stage.name, target)
+        for target in config.stages:
+            if target.name in stages:
+                continue
+            remote = [RemoteStageLink(endpoint, stage.address, a, bindings) for a in addresses_of(config, target.name)]
+            if bindings is not None and target.replicas > 1:
+                links[target.name] = ReplicaLink(target.name, remote, bindings)
+            else:
+                links[target.name] = remote[0]
         stage.connect(
             links,
-            relay_in_use=functools.partial(endpoint.relay_in_use, stage.name),
-            on_retire=functools.partial(endpoint.return_held_credits, stage.name),
+            relay_in_use=functools.partial(endpoint.relay_in_use, stage.address),
+            on_retire=functools.partial(endpoint.return_held_credits, stage.address),
+            bindings=bindings,
         )
 
 
 def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer) -> Endpoint:
-    """The endpoint of ``process`` in a multi-process run of ``config``."""
-    with_comm = [stage for stage in config.stages if stage.comm is not None]
+    """The endpoint of ``process`` in a multi-process run of ``config`` (stages by address: each replica's own)."""
+    with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     return Endpoint(
         process=process,
         ipc_dir=ipc_dir,
-        placement=placement_of(config),
+        placement=addressed_placement(config),
         shm_prefix=shm_prefix,
         tracer=tracer,
-        credits={stage.name: stage.comm.credits for stage in with_comm if stage.comm},
-        max_transfer_bytes={stage.name: stage.comm.slot_size_mb << 20 for stage in with_comm if stage.comm},
-        pool_bytes={stage.name: stage.comm.pool_mb << 20 for stage in with_comm if stage.comm},
-        gpu_stages=frozenset(stage.name for stage in config.stages if stage.gpu is not None),
+        credits={address: comm.credits for address, comm in with_comm},
+        max_transfer_bytes={address: comm.slot_size_mb << 20 for address, comm in with_comm},
+        pool_bytes={address: comm.pool_mb << 20 for address, comm in with_comm},
+        gpu_stages=frozenset(
+            address for stage in config.stages if stage.gpu is not None for address in addresses_of(config, stage.name)
+        ),
     )
 
 
@@ -197,7 +212,7 @@ async def open_pipeline(
     check_imports(config)
     trace_path = trace_path_from_env(trace)
     tracer = Tracer(trace_path, MAIN_PROCESS)
-    groups = sorted({stage.process for stage in config.stages if stage.process is not None})
+    groups = worker_processes(config)
     try:
         async with _single_errors():
             if groups:
@@ -217,7 +232,7 @@ async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coo
         coordinator = Coordinator(config, LocalDirectory(stages), tracer, nursery)
         link = LocalCoordinatorLink(coordinator)
         stages.update(build_stages(config, config.stages, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
-        connect_stages(stages, None, tracer)
+        connect_stages(config, stages, None, tracer)
         try:
             for stage in stages.values():
                 await nursery.start(stage.run)
@@ -246,8 +261,26 @@ async def _in_processes(
             endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer)
             await nursery.start(endpoint.serve)
             local: dict[str, Stage] = {}
+            bindings = BindingTable(config)
+            replicas = ReplicaDispatcher(config, bindings)
+
+            def fail_bound(worker: Worker) -> list[str]:
+                # Only the requests bound to a dead replica were in it: they fail, and are
+                # aborted everywhere else; the other replicas serve on.
+                failed = sorted(replicas.bound_to(worker.name))
+                coordinator.fail_all(
+                    lambda rid: StageProcessDied(rid, worker.name, worker.pid, worker.returncode),
+                    abort_everywhere=True,
+                    only=set(failed),
+                )
+                directory.forget(worker.name)
+                return failed
 
             def on_death(worker: Worker) -> None:
+                if replicas.survivable(worker.name):
+                    replicas.mark(worker.name, "dead")
+                    fail_bound(worker)
+                    return
                 coordinator.fail_all(lambda rid: StageProcessDied(rid, worker.name, worker.pid, worker.returncode))
                 directory.forget(worker.name)
                 died.append(StageProcessDied(None, worker.name, worker.pid, worker.returncode))
@@ -256,6 +289,9 @@ async def _in_processes(
             def on_lost(worker: Worker) -> list[str]:
                 # The worker will be restarted: fail what is live (any of it may have
                 # been in the dead process), but keep the pipeline running.
+                if replicas.is_replica(worker.name):
+                    replicas.mark(worker.name, "restarting")
+                    return fail_bound(worker)
                 failed: list[str] = []
 
                 def error_for(request_id: str) -> StageProcessDied:
@@ -275,18 +311,19 @@ async def _in_processes(
                 endpoint=endpoint,
                 on_death=on_death,
                 on_lost=on_lost,
+                on_restarted=lambda worker: replicas.mark(worker.name, None),
                 start_timeout=start_timeout,
             )
-            directory = ProcessDirectory(local, endpoint, supervisor)
-            coordinator = Coordinator(config, directory, tracer, nursery)
+            directory = ProcessDirectory(local, endpoint, supervisor, bindings)
+            coordinator = Coordinator(config, directory, tracer, nursery, replicas)
             serve_coordinator(coordinator, endpoint)
             try:
                 await supervisor.spawn(nursery)
                 placed_here = [stage for stage in config.stages if stage.process is None]
                 link = LocalCoordinatorLink(coordinator)
                 local.update(build_stages(config, placed_here, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
-                connect_stages(local, endpoint, tracer)
-                endpoint.stages.update(local)
+                connect_stages(config, local, endpoint, tracer, bindings)
+                endpoint.host(local)
                 for stage in local.values():
                     await nursery.start(stage.run)
                 await supervisor.wait_ready(start_timeout)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import attrs
@@ -30,6 +30,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint, abort_path
 from omni_trio.control.zmq_trio import TrioSocket, bind_xpub
 from omni_trio.errors import StageStartupError, describe_exit
+from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
 log = get_logger(__name__)
@@ -96,9 +97,11 @@ class Supervisor:
     """Starts, watches and stops the worker processes of one pipeline.
 
     ``on_death(worker)`` is called when a worker that was ready dies and is not
-    (or no longer) restarted: the pipeline must end. ``on_lost(worker)`` is
-    called instead when it will be restarted; it fails what the worker may have
-    held and returns those request ids, which the new process then drops.
+    (or no longer) restarted: the pipeline must end (unless the worker was a
+    replica whose group lives on). ``on_lost(worker)`` is called instead when
+    it will be restarted; it fails what the worker may have held and returns
+    those request ids, which the new process then drops. ``on_restarted(worker)``
+    is called when a restarted worker is ready.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Supervisor:
         endpoint: Endpoint,
         on_death: Callable[[Worker], None],
         on_lost: Callable[[Worker], list[str]] | None = None,
+        on_restarted: Callable[[Worker], None] | None = None,
         start_timeout: float = 120.0,
     ) -> None:
         self._config = config
@@ -121,6 +125,7 @@ class Supervisor:
         self._endpoint = endpoint
         self._on_death = on_death
         self._on_lost = on_lost
+        self._on_restarted = on_restarted
         self.workers = {name: Worker(name) for name in groups}
         self._stopping = False
         self._abort: TrioSocket | None = None
@@ -138,11 +143,12 @@ class Supervisor:
         self._restart_scopes: set[trio.CancelScope] = set()
         #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
         self._spawn_lock = trio.Lock()
-        endpoint.handlers[m.Ready] = self._on_ready
+        endpoint.on(m.Ready, self._on_ready)
 
     def _restart_policy(self, process: str) -> int:
         """How many restarts ``process`` may have (0: none); config validation made its stages agree."""
-        stage = next(s for s in self._config.stages if s.process == process)
+        group = split_replica(process)[0]
+        stage = next(s for s in self._config.stages if s.process == group)
         return stage.max_restarts if stage.restart == "on-failure" else 0
 
     @property
@@ -159,10 +165,10 @@ class Supervisor:
         """Processes being restarted now."""
         return sorted(self._restarting)
 
-    async def wait_restarts(self) -> None:
-        """Return once no process is being restarted (each restart ended, either way)."""
-        while self._restarting:
-            await next(iter(self._restarting.values())).wait()
+    async def wait_restarts(self, processes: Collection[str] | None = None) -> None:
+        """Return once no process (of ``processes``, if given) is being restarted (each restart ended, either way)."""
+        while waiting := [done for name, done in self._restarting.items() if processes is None or name in processes]:
+            await waiting[0].wait()
 
     async def spawn(self, nursery: trio.Nursery) -> None:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
@@ -300,6 +306,8 @@ class Supervisor:
                     await worker.settled.wait()
                 if worker.live:
                     log.warning("stage_process_restarted", process=name, attempt=attempt, pid=worker.pid)
+                    if self._on_restarted is not None:
+                        self._on_restarted(worker)
                     return
                 if worker.failure is None and worker.process is not None and not worker.exited.is_set():
                     worker.failure = f"process {name!r} (pid {worker.pid}) not ready within {self._start_timeout:g} s"

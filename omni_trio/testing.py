@@ -57,10 +57,18 @@ def process_for(index: int, name: str, placement: str) -> str | None:
 
 
 def place_stages(stages: Sequence[StageConfig], placement: str) -> list[StageConfig]:
-    """``stages`` with ``process`` set according to ``placement`` (see :data:`PLACEMENTS`)."""
+    """``stages`` with ``process`` set according to ``placement`` (see :data:`PLACEMENTS`); a stage with
+    ``replicas > 1`` cannot be embedded, and gets a worker process group of its own, ``p_<name>``."""
     import attrs
 
-    return [attrs.evolve(stage, process=process_for(i, stage.name, placement)) for i, stage in enumerate(stages)]
+    return [
+        attrs.evolve(
+            stage,
+            # A replicated stage runs in worker processes whatever the placement (its own group).
+            process=f"p_{stage.name}" if stage.replicas > 1 else process_for(i, stage.name, placement),
+        )
+        for i, stage in enumerate(stages)
+    ]
 
 
 def placed(config: PipelineConfig | dict[str, Any], placement: str) -> PipelineConfig:

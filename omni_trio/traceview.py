@@ -109,15 +109,23 @@ def transport_table(events: Iterable[dict[str, Any]]) -> list[EdgeTransport]:
     ]
 
 
+def stage_key(event: dict[str, Any]) -> str:
+    """The stage an event is about: ``voc``, or ``voc@r1`` for an event of replica 1's process."""
+    stage = str(event.get("stage", ""))
+    replica = event.get("replica")
+    return stage if replica is None else f"{stage}@r{replica}"
+
+
 def stage_busy(events: Iterable[dict[str, Any]]) -> list[StageBusy]:
-    """Per stage, the requests it completed and their summed dispatch-to-complete time, in order of first use."""
+    """Per stage (per replica of a replicated one), the requests it completed and their summed
+    dispatch-to-complete time, in order of first use."""
     started: dict[tuple[Any, str], int] = {}
     totals: dict[str, list[float]] = {}
     for event in events:
         name = event.get("event")
         if name not in ("stage_dispatch", "stage_complete", "stage_failed"):
             continue
-        stage = str(event.get("stage", ""))
+        stage = stage_key(event)
         key = (event.get("request_id"), stage)
         if name == "stage_dispatch":
             started[key] = int(event["ts_ns"])
@@ -223,7 +231,7 @@ def _stage_slices(events: Sequence[dict[str, Any]]) -> list[_Slice]:
         name = event.get("event")
         if name not in ("stage_dispatch", "stage_complete", "stage_failed"):
             continue
-        key = (event.get("request_id"), str(event.get("stage", "")))
+        key = (event.get("request_id"), stage_key(event))
         if name == "stage_dispatch":
             open_[key] = event
             continue
@@ -258,8 +266,8 @@ def _assign_lanes(slices: list[_Slice]) -> None:
 def chrome_trace(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A Chrome/Perfetto trace-event document for ``events`` (open it in ui.perfetto.dev or chrome://tracing).
 
-    One process track per OS process, one thread track per stage (plus one
-    per extra concurrent request in a stage), a complete slice per request
+    One process track per OS process (so one per replica), one thread track
+    per stage (``voc@r1`` in a replica; plus one per extra concurrent request in a stage), a complete slice per request
     per stage (``stage_dispatch`` to ``stage_complete`` or ``stage_failed``),
     flow arrows from a stage's completion to the next stage's dispatch of the
     same request, stream chunks that crossed processes as instant events, and

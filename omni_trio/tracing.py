@@ -70,7 +70,10 @@ class Tracer:
     Hot paths check :attr:`enabled` before building an event's fields.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, process: str) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None, process: str, fields: dict[str, Any] | None = None
+    ) -> None:
+        """``fields`` go into every event (a replica's process adds ``replica``)."""
         self.path = None if path is None else Path(path)
         self.process = process
         self.enabled = self.path is not None
@@ -82,7 +85,7 @@ class Tracer:
                 structlog.WriteLogger(self._file),
                 wrapper_class=structlog.BoundLogger,
                 processors=[_add_timestamp, structlog.processors.JSONRenderer(serializer=_dumps)],
-            ).bind(process=process)
+            ).bind(process=process, **(fields or {}))
 
     def event(self, name: str, **fields: Any) -> None:
         """Record one trace event (``name`` becomes the ``event`` field)."""

@@ -29,6 +29,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
 from omni_trio.control.links import RemoteCoordinatorLink
 from omni_trio.control.zmq_trio import connect_sub
+from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path
 from omni_trio.tracing import Tracer
@@ -59,7 +60,9 @@ async def serve(spec: WorkerSpec) -> None:
     """Run the worker's stages until the runtime says Shutdown."""
     from omni_trio.runtime import endpoint_for
 
-    tracer = Tracer(spec.trace_path, spec.process)
+    replica = split_replica(spec.process)[1]
+    # Every event of a replica's process says which replica it is.
+    tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
     endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer)
     shutdown = trio.Event()
     try:
@@ -97,20 +100,22 @@ async def _start_stages(
     endpoint.adopt(abort)
     endpoint.connect_abort_channel(abort)
     config = spec.config
+    group, replica = split_replica(spec.process)
     stages: dict[str, Stage] = build_stages(
         config,
-        [s for s in config.stages if s.process == spec.process],
+        [s for s in config.stages if s.process == group],
         process=spec.process,
         tracer=tracer,
-        coordinator=RemoteCoordinatorLink(endpoint),
+        coordinator=RemoteCoordinatorLink(endpoint, replica),
+        replica=replica,
     )
-    connect_stages(stages, endpoint, tracer)
+    connect_stages(config, stages, endpoint, tracer, BindingTable(config))
     # Peers may still have messages for these requests queued towards our socket
     # path, sent to the incarnation that died: they must find them retired here.
     for stage in stages.values():
         for request_id in spec.retired:
             stage.aborted.add(request_id)
-    endpoint.stages.update(stages)
+    endpoint.host({stage.address: stage for stage in stages.values()})
 
     async def on_shutdown(_: m.Shutdown) -> None:
         shutdown.set()
@@ -125,12 +130,12 @@ async def _start_stages(
         reply = m.StatsReply(
             token=request.token,
             process=spec.process,
-            stages={name: attrs.asdict(stage.stats()) for name, stage in stages.items()},
+            stages={stage.address: attrs.asdict(stage.stats()) for stage in stages.values()},
         )
         await endpoint.send(request.reply_to, reply)
 
-    endpoint.handlers[m.Shutdown] = on_shutdown
-    endpoint.handlers[m.StatsRequest] = on_stats
+    endpoint.on(m.Shutdown, on_shutdown)
+    endpoint.on(m.StatsRequest, on_stats)
     for stage in stages.values():
         await nursery.start(stage.run)
     return stages

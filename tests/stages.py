@@ -33,7 +33,7 @@ def create_fail_on(word: str, tag: str = "fragile", inline: bool = False):
     return SimpleScheduler(fn, inline=inline)
 
 
-def blocking_until_aborted(tag: str, before: Any = None) -> SimpleScheduler:
+def blocking_until_aborted(tag: str, before: Any = None, max_concurrency: int = 1) -> SimpleScheduler:
     """A SimpleScheduler whose compute blocks until its request is aborted (unless the
     ``block`` param is False), after running ``before(payload)`` if given."""
     released: dict[str, threading.Event] = {}
@@ -56,7 +56,7 @@ def blocking_until_aborted(tag: str, before: Any = None) -> SimpleScheduler:
     def abort_callback(request_id: str) -> None:
         event_for(request_id).set()
 
-    return SimpleScheduler(fn, abort_callback=abort_callback)
+    return SimpleScheduler(fn, abort_callback=abort_callback, max_concurrency=max_concurrency)
 
 
 def create_block_until_aborted(tag: str = "slow"):
@@ -463,3 +463,49 @@ def create_scheduler_crash():
                     raise RuntimeError(f"scheduler loop lost its mind over {message.request_id!r}")
 
     return Crashing(lambda payload: payload)
+
+
+class ReplicaVocoder(StreamingSimpleScheduler):
+    """A streaming stage for replica tests: records the chunk ids each request brought to *this*
+    replica, and completes on stream-done with what it saw, its label and its process id."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(compute_fn=None)
+        self.label = label
+        self.seen: dict[str, list[int]] = {}
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return True
+
+    def on_stream_chunk(self, request_id: str, item: Any) -> list[OutgoingMessage]:
+        self.seen.setdefault(request_id, []).append(item.chunk_id)
+        return []
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
+        import os
+
+        payload = self.stream_payloads[request_id]
+        payload.data = {"label": self.label, "pid": os.getpid(), "chunks": self.seen.pop(request_id, [])}
+        return [OutgoingMessage(request_id, "result", data=payload)]
+
+    def clear_stream_state(self, request_id: str) -> None:
+        self.seen.pop(request_id, None)
+
+
+def create_replica_vocoder(label: str) -> ReplicaVocoder:
+    return ReplicaVocoder(label)
+
+
+def create_replica_holder(replica: int):
+    """Writes ``<replica> <pid>`` to ``<params['dir']>/<request id>``, then blocks until the request
+    is aborted (unless the ``block`` param is False), up to 8 requests at once; the factory gets
+    ``replica`` injected."""
+    import os
+
+    def report(payload: StagePayload) -> None:
+        path = os.path.join(payload.request.params["dir"], payload.request_id)
+        with open(f"{path}.tmp", "w", encoding="ascii") as handle:
+            handle.write(f"{replica} {os.getpid()}")
+        os.replace(f"{path}.tmp", path)
+
+    return blocking_until_aborted(f"held@r{replica}", report, max_concurrency=8)

@@ -37,28 +37,30 @@ def test_quick_bench_subset_writes_positive_numbers(tmp_path: Path) -> None:
             assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
     assert workloads["W1"]["p50_ms"] <= workloads["W1"]["p99_ms"]
     assert workloads["W5"]["chunks_per_request"] == 50
-    assert document["threaded_stages"] is False
+    assert document["inline_stages"] is False
 
 
-def test_threaded_stages_run_the_noop_compute_on_scheduler_threads(tmp_path: Path) -> None:
+def test_inline_runs_the_noop_compute_on_the_event_loops(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = bench(out, "--quick", "--threaded-stages", "--only", "W6")
+    proc = bench(out, "--quick", "--inline", "--only", "W6")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(out.read_text(encoding="utf-8"))
-    assert document["threaded_stages"] is True and document["errors"] == {}
+    assert document["inline_stages"] is True and document["errors"] == {}
     assert document["workloads"]["W6"]["p50_ms"] > 0
 
 
-def test_the_stage_factories_follow_the_threaded_option() -> None:
+def test_the_stage_factories_are_default_stage_code_unless_inline() -> None:
     from omni_trio import bench as suite
 
-    assert suite.create_noop().inline and not suite.create_noop(inline=False).inline
+    assert not suite.create_noop().inline and suite.create_noop(inline=True).inline
+    stages = suite.fanin_config().stages + suite.chain_config(2).stages
+    assert all(stage.factory == {} for stage in stages)
     try:
-        suite.STAGE_FACTORY["inline"] = False
-        stages = suite.fanin_config().stages + suite.chain_config(2).stages
-        assert all(stage.factory == {"inline": False} for stage in stages)
-    finally:
         suite.STAGE_FACTORY["inline"] = True
+        stages = suite.fanin_config().stages + suite.chain_config(2).stages
+        assert all(stage.factory == {"inline": True} for stage in stages)
+    finally:
+        suite.STAGE_FACTORY.clear()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang_omni") is not None, reason="SGLang-Omni is installed here")

@@ -193,6 +193,11 @@ class DataRef:
         """Bytes moved through the relay (0 without a buffer)."""
         return self.buffer.length if self.buffer is not None else 0
 
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes the object takes on the way: its inline header plus what moves through the relay."""
+        return len(self.header or b"") + self.nbytes
+
     def to_wire(self) -> dict[str, Any]:
         """This DataRef as a msgpack-friendly map for ``DataReady.data_ref``."""
         wire: dict[str, Any] = converter.unstructure(self)
@@ -209,12 +214,49 @@ class DataRef:
         version = wire.get("version")
         if type(version) is not int or version != DATAREF_VERSION:
             raise MalformedMessage(f"unsupported DataRef version {version!r}")
+        if _INLINE_KEYS.issuperset(wire):
+            return _inline_from_wire(wire)
         fields = {k: v for k, v in wire.items() if k != "_type"}
         try:
             ref: DataRef = converter.structure(fields, cls)
         except Exception as exc:
             raise MalformedMessage(f"malformed DataRef: {describe_error(exc)[:500]}") from exc
         return ref
+
+
+#: The keys of a DataRef without buffer or tensor entries (every inline object): the common case,
+#: parsed without cattrs.
+_INLINE_KEYS = frozenset({"_type", "version", "kind", "object_id", "transport", "layout", "header", "metadata"})
+
+
+def _inline_from_wire(wire: dict[str, Any]) -> DataRef:
+    """:meth:`DataRef.from_wire` of a map with only :data:`_INLINE_KEYS`: the same checks, done by hand."""
+    kind: Any = wire.get("kind")
+    transport: Any = wire.get("transport")
+    layout: Any = wire.get("layout")
+    header, metadata = wire.get("header"), wire.get("metadata")
+    problems = [
+        f"{name} must be a string, got {type(value).__name__}"
+        for name, value in (("kind", kind), ("transport", transport), ("layout", layout))
+        if type(value) is not str
+    ]
+    if header is not None and type(header) is not bytes:
+        problems.append(f"header must be bytes, got {type(header).__name__}")
+    if metadata is not None and (type(metadata) is not dict or any(type(key) is not str for key in metadata)):
+        problems.append("metadata must be a map with string keys")
+    if problems:
+        raise MalformedMessage(f"malformed DataRef: {'; '.join(problems)}")
+    try:
+        return DataRef(
+            kind=DataRefKind(kind),
+            object_id=wire.get("object_id"),  # type: ignore[arg-type]  # DataRef checks it
+            transport=TransportKind(transport),
+            layout=Layout(layout),
+            header=header,
+            metadata=metadata,
+        )
+    except (TypeError, ValueError) as exc:
+        raise MalformedMessage(f"malformed DataRef: {str(exc)[:500]}") from None
 
 
 # Fields equal to their default stay off the wire (an inline ref is four keys and a header), but the

@@ -112,6 +112,12 @@ def _split(obj: object) -> tuple[Callable[[Any], Any], object, dict[str, torch.T
     return wrap, stripped, tensors
 
 
+def tensor_bytes(obj: object) -> int:
+    """The bytes of the tensors ``obj`` carries (what a trace's ``bytes`` reports; 0 for none)."""
+    _, _, tensors = _split(obj)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _inline_ref(
     wrap: Callable[[Any], Any],
     stripped: object,

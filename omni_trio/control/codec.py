@@ -3,8 +3,8 @@
 Wire format (zmq multipart):
 
 * frame 0: the message's type tag, ASCII (``b"data_ready"``);
-* frame 1: msgpack map of the message's fields (``cattrs`` unstructured,
-  fields equal to their default omitted, bytes as msgpack ``bin``);
+* frame 1: msgpack map of the message's fields (fields equal to their
+  default omitted, bytes as msgpack ``bin``);
 * frames 2...: out-of-band ``bytes`` values of 64 KiB and more (pickled
   headers). In the map such a value is the msgpack extension
   ``ExtType(OOB_EXT, <frame index, 4 bytes big-endian>)``. This spares
@@ -16,6 +16,14 @@ Wire format (zmq multipart):
 missing, extra or mistyped fields, violated invariants) and nothing else,
 and it never unpickles. The field checks are strict: no ``"1"`` for an int,
 no ``True`` for an int, no string for a list.
+
+Messages are flat: each field is a str, int, bool, float, bytes, None, a
+list of those or a map. So the codec needs no general (un)structuring: a
+table built once per message class lists its fields and their defaults, the
+encoder reads the attributes, and the decoder checks the keys and calls the
+class, whose validators (:mod:`omni_trio.control.messages`) check every field
+strictly; the cost is a few microseconds per message. The ``converter``
+(cattrs) is kept for DataRef maps (:mod:`omni_trio.comm.dataref`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import cattrs
 import msgpack
 from cattrs.v import format_exception
@@ -177,23 +186,62 @@ def _take_oob(value: Any, frames: list[bytes]) -> Any:
     return value
 
 
+_NO_DEFAULT = object()
+
+
+@attrs.frozen
+class _Layout:
+    """What the codec needs of one message class: its tag, its fields with their defaults, the required ones."""
+
+    tag: bytes
+    fields: tuple[tuple[str, Any], ...]
+    names: frozenset[str]
+    required: tuple[str, ...]
+
+
+def _layout(cls: type[ControlMessage]) -> _Layout:
+    fields = tuple(
+        (f.name, _NO_DEFAULT if f.default is attrs.NOTHING else f.default) for f in attrs.fields(cls)
+    )
+    return _Layout(
+        tag=cls.TAG.encode("ascii"),
+        fields=fields,
+        names=frozenset(name for name, _ in fields),
+        required=tuple(name for name, default in fields if default is _NO_DEFAULT),
+    )
+
+
+_LAYOUTS: dict[type[ControlMessage], _Layout] = {}
+
+
+def _layout_of(cls: type[ControlMessage]) -> _Layout | None:
+    layout = _LAYOUTS.get(cls)
+    if layout is None and cls.TAG and MESSAGE_TYPES.get(cls.TAG) is cls:
+        layout = _LAYOUTS[cls] = _layout(cls)
+    return layout
+
+
 def encode(msg: ControlMessage) -> list[bytes]:
     """Encode a registered control message into zmq frames.
 
     Raises TypeError if ``msg`` is not a registered message or a field
     (e.g. inside ``data_ref``/``stages``) is not msgpack-encodable.
     """
-    tag = type(msg).TAG
-    if not tag or MESSAGE_TYPES.get(tag) is not type(msg):
+    layout = _layout_of(type(msg))
+    if layout is None:
         raise TypeError(f"{type(msg).__name__} is not a registered control message")
-    fields = converter.unstructure(msg)
+    fields: dict[str, Any] = {}
     extra: list[bytes] = []
-    fields = _take_oob(fields, extra)
+    for name, default in layout.fields:
+        value = getattr(msg, name)
+        if default is _NO_DEFAULT or value != default:
+            kind = type(value)
+            fields[name] = _take_oob(value, extra) if kind is dict or kind is bytes or kind is list else value
     try:
         body: bytes = msgpack.packb(fields, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"cannot encode {type(msg).__name__}: {exc}") from exc
-    return [tag.encode("ascii"), body, *extra]
+    return [layout.tag, body, *extra]
 
 
 def _as_bytes(frame: Any, what: str) -> bytes:
@@ -235,8 +283,19 @@ def _decode(frames: Sequence[Any]) -> ControlMessage:
         raise MalformedMessage(f"{tag}: body is {type(fields).__name__}, not a map")
     if not all(used):
         raise MalformedMessage(f"{tag}: {used.count(False)} unreferenced extra frame(s)")
-    msg: ControlMessage = converter.structure(fields, cls)
-    return msg
+    layout = _layout_of(cls)
+    assert layout is not None
+    if not layout.names.issuperset(fields):
+        extras = sorted(str(key) for key in fields if key not in layout.names)
+        raise MalformedMessage(f"{tag}: extra fields {', '.join(extras)[:200]}")
+    missing = [name for name in layout.required if name not in fields]
+    if missing:
+        raise MalformedMessage(f"{tag}: required field missing: {', '.join(missing)}")
+    try:
+        # The class's validators check every field's type and value, and its invariants.
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:
+        raise MalformedMessage(f"{tag}: {str(exc)[:500]}") from None
 
 
 def _format_leaf(exc: BaseException, type_: Any) -> str:

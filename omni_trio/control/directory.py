@@ -22,6 +22,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
+from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import get_logger
 
@@ -53,17 +54,21 @@ class _Replies:
 class ProcessDirectory:
     """Reaches stages in the caller's process directly and the others through the endpoint."""
 
-    def __init__(self, local: dict[str, Stage], endpoint: Endpoint, supervisor: Supervisor) -> None:
+    def __init__(
+        self, local: dict[str, Stage], endpoint: Endpoint, supervisor: Supervisor, bindings: BindingTable
+    ) -> None:
         self._local = local
         self._endpoint = endpoint
         self._supervisor = supervisor
+        #: The caller's process's replica bindings (the coordinator holds each live request's).
+        self._bindings = bindings
         self._aborts: dict[str, _Replies] = {}
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Submits waiting for a restarting process, by request id: an abort releases them.
         self._held: dict[str, trio.CancelScope] = {}
-        endpoint.handlers[m.AbortDone] = self._on_abort_done
-        endpoint.handlers[m.StatsReply] = self._on_stats_reply
+        endpoint.on(m.AbortDone, self._on_abort_done)
+        endpoint.on(m.StatsReply, self._on_stats_reply)
 
     def _live(self) -> set[str]:
         return {worker.name for worker in self._supervisor.live_workers()}
@@ -91,25 +96,32 @@ class ProcessDirectory:
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage, wherever it runs.
 
-        While a worker is being restarted the request waits until it is ready
-        (every stage is reachable from the entry stage, so it may need that
-        worker); aborting the request (its deadline, its caller) ends the wait.
+        While a worker the request may need is being restarted, the request
+        waits until it is ready (every stage is reachable from the entry stage,
+        so it may need any worker; of a replicated group, only the replica it is
+        bound to); aborting the request (its deadline, its caller) ends the wait.
         """
-        if self._supervisor.restarting():
+        request_id = payload.request_id
+        needed = [name for name in self._supervisor.restarting() if self._bindings.needs(request_id, name)]
+        if needed:
             with trio.CancelScope() as held:
-                self._held[payload.request_id] = held
+                self._held[request_id] = held
                 try:
-                    await self._supervisor.wait_restarts()
+                    await self._supervisor.wait_restarts(needed)
                 finally:
-                    del self._held[payload.request_id]
+                    del self._held[request_id]
             if held.cancelled_caught:
                 return  # aborted while it waited: the coordinator already resolved it
-            if not all(worker.live for worker in self._supervisor.workers.values()):
+            workers = self._supervisor.workers
+            if not all(workers[name].live for name in needed if name in workers):
                 return  # the restart failed (or the pipeline stops): the request was failed with it
+        bindings = self._bindings.of(request_id)
         if stage in self._local:
-            await self._local[stage].on_submit(payload)
+            await self._local[stage].on_submit(payload, bindings)
             return
-        request_id = payload.request_id
+        replica = None if bindings is None else self._bindings.replica_of(request_id, stage)
+        if replica is not None:
+            stage = replica_name(stage, replica)
         await self._endpoint.send_object(
             payload,
             request_id=request_id,
@@ -117,7 +129,7 @@ class ProcessDirectory:
             receiver=stage,
             kind=DataRefKind.stage_payload,
             direction="submit",
-            make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref),
+            make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref, replica_bindings=bindings),
         )
 
     async def abort(self, request_id: str) -> None:
@@ -159,10 +171,11 @@ class ProcessDirectory:
             del self._stats[token]
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
-        # Stages of a process being restarted hold nothing, and serve nothing yet.
-        restarting = set(self._supervisor.restarting())
+        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
+        down = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
+        down.update(self._supervisor.restarting())
         for name, process in self._endpoint.placement.items():
-            if process in restarting:
+            if process in down:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
 
@@ -177,7 +190,9 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
     """Route stage reports arriving at the main endpoint to the coordinator."""
 
     async def on_complete(message: m.Complete) -> None:
-        request_id, stage = message.request_id, message.from_stage
+        # The sender's address (a replica's ``voc@r1``) routes the ACK; the coordinator hears its stage name.
+        request_id, address = message.request_id, message.from_stage
+        stage = logical_name(address)
         if not message.success or message.data_ref is None:
             coordinator.on_complete(request_id, stage, error=message.error or "failed without an error text")
             return
@@ -185,19 +200,21 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
         async def deliver(result: Any) -> None:
             coordinator.on_complete(request_id, stage, result=result)
 
-        await endpoint.receive_object(DataRef.from_wire(message.data_ref), request_id, stage, COORDINATOR, deliver)
+        await endpoint.receive_object(DataRef.from_wire(message.data_ref), request_id, address, COORDINATOR, deliver)
 
     async def on_stream(message: m.Stream) -> None:
+        stage = logical_name(message.from_stage)
+
         async def deliver(chunks: Any) -> None:
             try:
                 data = chunk_list(chunks, message.chunk_count)
             except ValueError as exc:
                 error = f"stream chunks for the caller: {exc}"
-                coordinator.on_complete(message.request_id, message.from_stage, error=error)
+                coordinator.on_complete(message.request_id, stage, error=error)
                 return
             for offset, chunk in enumerate(data):
                 chunk_id = message.chunk_id + offset
-                coordinator.on_stream(message.request_id, message.from_stage, chunk, chunk_id, message.modality)
+                coordinator.on_stream(message.request_id, stage, chunk, chunk_id, message.modality)
 
         await endpoint.receive_object(
             DataRef.from_wire(message.data_ref),
@@ -208,6 +225,6 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
             chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
         )
 
-    endpoint.handlers[m.Complete] = on_complete
-    endpoint.handlers[m.Stream] = on_stream
-    endpoint.fail_submitted = lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error)
+    endpoint.on(m.Complete, on_complete)
+    endpoint.on(m.Stream, on_stream)
+    endpoint.on_submit_failure(lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error))

@@ -3,60 +3,65 @@
 Every process of a pipeline (the caller's "main" process and each worker)
 has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
 directory that receives every control message for the process, one PUSH
-socket per peer process, the shared-memory relay for the data it sends, and
-the table of transfers waiting for their ACK. Aborts arrive on the
-broadcast channel (PUB/SUB).
+socket per peer process, and the shared-memory relays of the stages that send
+from it. Aborts arrive on the broadcast channel (PUB/SUB).
 
-The endpoint turns messages into calls on the stages it hosts (the same
-``on_submit``/``deliver_*``/``on_abort`` methods same-process links call),
-and carries what their :mod:`omni_trio.control.links` (the edges to peers in
-other processes) send.
-
-A malformed, truncated or unknown frame is logged with the socket it came
-from and dropped; it never ends the receive loop.
+The endpoint puts together parts with one job each, every one built with what
+it needs: a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and
+the handler of each message type), a
+:class:`~omni_trio.control.receiving.Receiver` (reads, ACKs and delivers what
+arrives for the stages here), :class:`~omni_trio.control.transfers.Transfers`
+(puts waiting for their ACK, credits receivers hold) and a
+:class:`~omni_trio.control.releases.ReleaseSender` (slot releases and credit
+returns posted from any thread). It sends what the stages'
+:mod:`omni_trio.control.links` (the edges to peers in other processes) send.
+Other components register through :meth:`Endpoint.on`, :meth:`Endpoint.host`
+and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import attrs
 import trio
 import zmq
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
-from omni_trio.comm.transfer import decode_object, encode_inline, encode_object
+from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
-from omni_trio.control.codec import MalformedMessage, decode, encode
-from omni_trio.control.lanes import Lanes
+from omni_trio.control.codec import encode
+from omni_trio.control.dispatch import Dispatcher
+from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
+from omni_trio.control.releases import ReleaseSender
+from omni_trio.control.transfers import Transfers
 from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
-from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.stage.stage import describe_error
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing import Tracer
 
 if TYPE_CHECKING:
     from omni_trio.stage.stage import Stage
 
-log = get_logger(__name__)
+__all__ = [
+    "ABORT_TOPIC",
+    "COORDINATOR",
+    "Endpoint",
+    "abort_path",
+    "chunk_list",
+    "ready_topic",
+    "socket_path",
+]
 
-#: The sender's name for data the coordinator sends (submitted inputs) and the
-#: receiver's name for data sent to it (terminal results, chunks for the caller).
-COORDINATOR = "coordinator"
-#: How long a sender waits for the receiver's ACK of one shared-memory transfer.
-ACK_TIMEOUT_S = 30.0
-#: Messages taken from a socket per wake-up, at most.
-RECEIVE_BATCH = 64
 #: The topic of abort messages on the broadcast channel (not a message tag:
 #: frames of a message sent point to point never start with it).
 ABORT_TOPIC = b"omni-trio.abort"
+
+M = TypeVar("M", bound=m.ControlMessage)
 
 
 def socket_path(ipc_dir: Path, process: str) -> Path:
@@ -79,55 +84,6 @@ def _elapsed_ms(start: float) -> float:
     return round((time.monotonic() - start) * 1000, 6)
 
 
-@attrs.define(eq=False)
-class _PendingTransfer:
-    relay: ShmRelay
-    put: ShmPut
-    request_id: str
-    sender: str
-    receiver: str
-    acked: trio.Event = attrs.field(factory=trio.Event)
-    error: str | None = None
-
-
-@attrs.define(eq=False)
-class _HeldCredit:
-    """A credit of ``relay`` for ``receiver`` that an ACK said the receiver holds until its scheduler
-    takes the object (a :class:`~omni_trio.control.messages.CreditReturn` gives it back)."""
-
-    relay: ShmRelay
-    request_id: str
-    sender: str
-    receiver: str
-
-
-class _CreditHold:
-    """Receiving side: sends the :class:`~omni_trio.control.messages.CreditReturn` of one object, once.
-
-    :meth:`give_back` may run on any thread (a scheduler thread taking the
-    chunk from its inbox): it only hands the message to the endpoint's loop.
-    """
-
-    def __init__(self, endpoint: Endpoint, process: str, message: m.CreditReturn) -> None:
-        self._endpoint = endpoint
-        self._token = trio.lowlevel.current_trio_token()
-        self._process = process
-        self._message = message
-        self._done = False
-
-    def cancel(self) -> None:
-        """Nothing to give back (the read failed: the failure ACK returned the credit)."""
-        self._done = True
-
-    def give_back(self) -> None:
-        """Return the sender's credit (idempotent; a no-op once the loop has ended)."""
-        if self._done:
-            return
-        self._done = True
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._endpoint._queue_release, self._process, self._message)
-
-
 class Endpoint:
     """The control/data-plane endpoint of one process (see the module docstring)."""
 
@@ -148,15 +104,9 @@ class Endpoint:
         self.ipc_dir = ipc_dir
         self.placement = placement
         self.shm_prefix = shm_prefix
-        #: Segments of this run, from any of its processes, start with this.
-        self.run_prefix = shm_prefix.rsplit("-", 1)[0]
         self.tracer = tracer
-        self.stages: dict[str, Stage] = {}
-        #: Handlers of messages only one side of the pipeline expects (coordinator
-        #: reports in main, shutdown and stats requests in workers), by message type.
-        self.handlers: dict[type[m.ControlMessage], Callable[[Any], Awaitable[None]]] = {}
-        #: In the main process: fails a request whose submitted inputs could not be delivered.
-        self.fail_submitted: Callable[[str, str], None] | None = None
+        self._stages: dict[str, Stage] = {}
+        self._fail_submitted: Callable[[str, str], None] | None = None
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._pull: TrioSocket | None = None
         self._push: dict[str, TrioSocket] = {}
@@ -166,20 +116,47 @@ class Endpoint:
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
         self._pool_bytes = pool_bytes or {}
-        self._pending: dict[str, _PendingTransfer] = {}
-        # Sending: credits that receivers hold until their scheduler takes the object, by object id.
-        self._held: dict[str, _HeldCredit] = {}
-        # Receiving: mappings of peers' pooled slots; slot releases waiting to be sent.
-        self._segments = SegmentCache()
-        self._releases: deque[tuple[str, m.ControlMessage]] = deque()
-        self._releasing = False
-        self.handlers[m.SlotRelease] = self._on_slot_release
-        self.handlers[m.CreditReturn] = self._on_credit_return
         self._transports: dict[str, TransportLog] = {}
         self._sequence = itertools.count()
-        self._lanes = Lanes()
         self._nursery: trio.Nursery | None = None
         self._serving = trio.CancelScope(shield=True)
+        self._segments = SegmentCache()
+        self._transfers = Transfers(self.fail_request, self._request_retired)
+        self._releases = ReleaseSender(process, self.send, self.spawn, lambda: self._serving.cancel_called)
+        self._dispatcher = Dispatcher(process, describe_error)
+        self._receiver = Receiver(
+            stage=self._stage,
+            process_of=self._process_of,
+            send=self.send,
+            fail_request=self.fail_request,
+            spawn=self.spawn,
+            # Segments of this run, from any of its processes, start with this.
+            run_prefix=shm_prefix.rsplit("-", 1)[0],
+            segments=self._segments,
+            releases=self._releases,
+            tracer=tracer,
+            describe=describe_error,
+        )
+        self.on(m.Submit, self._receiver.on_submit)
+        self.on(m.DataReady, self._receiver.on_data_ready)
+        self.on(m.DataAck, self._on_ack)
+        self.on(m.CreditReturn, self._on_credit_return)
+        self.on(m.SlotRelease, self._on_slot_release)
+        self.on(m.Abort, self._on_abort)
+
+    # ------------------------------------------------------------------ registration
+
+    def on(self, message_type: type[M], handler: Callable[[M], Awaitable[None]]) -> None:
+        """Handle every ``message_type`` message arriving here with ``handler``."""
+        self._dispatcher.on(message_type, handler)
+
+    def host(self, stages: dict[str, Stage]) -> None:
+        """Deliver what arrives for these stages (they run in this process) to them."""
+        self._stages.update(stages)
+
+    def on_submit_failure(self, fail: Callable[[str, str], None]) -> None:
+        """In the main process: ``fail(request_id, error)`` fails a request whose inputs were not delivered."""
+        self._fail_submitted = fail
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -190,12 +167,13 @@ class Endpoint:
         Ctrl-C, a caller's cancel scope, a dead worker) its aborts and
         Shutdown messages still need the endpoint.
         """
-        self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process))
+        path = socket_path(self.ipc_dir, self.process)
+        self._pull = bind_pull(self._ctx, path)
         try:
             with self._serving:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._receive_loop, self._pull, str(socket_path(self.ipc_dir, self.process)))
+                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, str(path))
                     task_status.started()
                     await trio.sleep_forever()
         finally:
@@ -222,10 +200,7 @@ class Endpoint:
     async def _close(self) -> None:
         # Runs while the endpoint is being cancelled: nothing here may be skipped.
         with trio.CancelScope(shield=True):
-            for pending in self._pending.values():
-                pending.relay.settle(pending.put, False)
-            self._pending.clear()
-            self._held.clear()  # the relays close: nobody waits for a credit any more
+            self._transfers.close()
             for relay in self._relays.values():
                 await relay.aclose()
             # Views already handed out keep their mappings; releases are moot
@@ -245,13 +220,17 @@ class Endpoint:
             sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process))
         return sock
 
+    def _process_of(self, stage: str) -> str:
+        """The process ``stage`` (or the coordinator) runs in."""
+        return "main" if stage == COORDINATOR else self.placement.get(stage, "main")
+
     async def send(self, process: str, message: m.ControlMessage) -> None:
         """Send one control message to ``process``."""
         await self._socket_to(process).send_multipart(encode(message))
 
     def connect_abort_channel(self, sock: TrioSocket) -> None:
         """Handle aborts arriving on a subscribed broadcast socket (workers)."""
-        self.spawn(self._receive_loop, sock, str(abort_path(self.ipc_dir)), True)
+        self.spawn(self._dispatcher.receive_loop, sock, str(abort_path(self.ipc_dir)), True)
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)
@@ -266,7 +245,11 @@ class Endpoint:
 
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
-        return sum(1 for p in self._pending.values() if p.sender == sender)
+        return self._transfers.in_use(sender)
+
+    def return_held_credits(self, sender: str, request_id: str) -> None:
+        """``sender`` dropped ``request_id`` (abort, failure): give back the credits its receivers hold."""
+        self._transfers.return_held(sender, request_id)
 
     def transports(self, sender: str) -> TransportLog:
         """The transport log of ``sender``'s outgoing edges."""
@@ -294,7 +277,8 @@ class Endpoint:
         ACK fails ``request_id`` at ``sender``. With ``inline_only`` an object
         that would not travel inline is not sent: the result is False.
         """
-        start = time.monotonic()
+        tracing = self.tracer.enabled
+        start = time.monotonic() if tracing else 0.0
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
         gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
@@ -310,37 +294,44 @@ class Endpoint:
             ref, put = await encode_object(
                 obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
             )
-        written = time.monotonic()
+        written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value)
         pending = None
         if put is not None:
             # Registered before sending: the ACK may arrive during the send's checkpoint.
-            pending = self._pending[object_id] = _PendingTransfer(relay, put, request_id, sender, receiver)
-        receiver_process = self.placement.get(receiver, "main") if receiver != COORDINATOR else "main"
+            pending = self._transfers.track(object_id, relay, put, request_id, sender, receiver)
         try:
-            await self.send(receiver_process, make(ref.to_wire()))
+            await self.send(self._process_of(receiver), make(ref.to_wire()))
         except BaseException:
             # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
-            if pending is not None and self._pending.pop(object_id, None) is not None:
-                relay.settle(pending.put, False)
+            if pending is not None:
+                self._transfers.not_sent(object_id)
             raise
         if pending is not None:
-            self.spawn(self._await_ack, object_id, pending)
-        if self.tracer.enabled:
+            self.spawn(self._transfers.watch, object_id, pending)
+        if tracing:
             fields = {
                 "request_id": request_id,
                 "from_stage": sender,
                 "to_stage": receiver,
                 "transport": ref.transport.value,
-                "bytes": ref.nbytes if put is not None else len(ref.header or b""),
+                "wire_bytes": ref.wire_bytes,
                 "write_ms": round((written - start) * 1000, 6),
                 "control_send_ms": _elapsed_ms(written),
                 "elapsed_ms": _elapsed_ms(start),
             }
             if chunk_ids is None:
-                self.tracer.event("comm_payload_send", **fields)
+                self.tracer.event("comm_payload_send", bytes=tensor_bytes(obj), **fields)
             else:
-                self.tracer.event("comm_stream_send", chunk_id=chunk_ids.start, chunk_count=len(chunk_ids), **fields)
+                sizes = [tensor_bytes(chunk) for chunk in obj]  # type: ignore[attr-defined]  # a list of chunks
+                self.tracer.event(
+                    "comm_stream_send",
+                    chunk_id=chunk_ids.start,
+                    chunk_count=len(chunk_ids),
+                    bytes=sum(sizes),
+                    chunk_bytes=sizes,
+                    **fields,
+                )
         return True
 
     async def send_chunks(
@@ -378,141 +369,15 @@ class Endpoint:
         for start in range(0, len(chunks), m.MAX_CHUNKS_PER_MESSAGE):
             await _send_group(chunks[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
 
-    async def _await_ack(self, object_id: str, pending: _PendingTransfer) -> None:
-        with trio.move_on_after(ACK_TIMEOUT_S):
-            await pending.acked.wait()
-        if not pending.acked.is_set():
-            if self._pending.pop(object_id, None) is None:
-                return  # settled by the endpoint closing
-            pending.error = f"no ACK from {pending.receiver!r} within {ACK_TIMEOUT_S:g} s"
-            pending.relay.settle(pending.put, False)
-        if pending.error is not None:
-            await self.fail_request(
-                pending.sender, pending.request_id, f"transfer to {pending.receiver!r} failed: {pending.error}"
-            )
-
     async def fail_request(self, sender: str, request_id: str, error: str) -> None:
         """Fail ``request_id`` on behalf of a stage (or the coordinator) of this process."""
-        stage = self.stages.get(sender)
+        stage = self._stages.get(sender)
         if stage is not None:
             await stage.send_failure(request_id, error)
-        elif sender == COORDINATOR and self.fail_submitted is not None:
-            self.fail_submitted(request_id, error)
+        elif sender == COORDINATOR and self._fail_submitted is not None:
+            self._fail_submitted(request_id, error)
 
     # ------------------------------------------------------------------ receiving
-
-    async def _receive_loop(self, sock: TrioSocket, source: str, topic_frame: bool = False) -> None:
-        while True:
-            try:
-                batch = [await sock.recv_multipart()]
-                # Take everything already queued before handling any of it: a
-                # burst reaches a scheduler's inbox together (and batches there).
-                while len(batch) < RECEIVE_BATCH and (frames := sock.recv_nowait()) is not None:
-                    batch.append(frames)
-            except trio.ClosedResourceError:
-                return
-            for frames in batch:
-                await self._handle_frames(frames[1:] if topic_frame else frames, source)
-
-    async def _handle_frames(self, frames: list[bytes], source: str) -> None:
-        try:
-            message = decode(frames)
-        except MalformedMessage as exc:
-            log.warning("malformed_message_dropped", socket=source, process=self.process, reason=exc.reason)
-            return
-        try:
-            await self._dispatch(message)
-        except Exception as exc:  # noqa: BLE001 - one bad message must not end the receive loop
-            log.warning(
-                "message_dropped",
-                socket=source,
-                process=self.process,
-                message=type(message).__name__,
-                error=describe_error(exc),
-            )
-
-    async def _dispatch(self, message: m.ControlMessage) -> None:
-        if isinstance(message, m.DataReady):
-            await self._on_data_ready(message)
-        elif isinstance(message, m.DataAck):
-            self._on_ack(message)
-        elif isinstance(message, m.Submit):
-            await self._on_submit(message)
-        elif isinstance(message, m.Abort):
-            for stage in self.stages.values():
-                stage.on_abort(message.request_id)
-            if self.process != "main":
-                await self.send("main", m.AbortDone(request_id=message.request_id, process=self.process))
-        else:
-            handler = self.handlers.get(type(message))
-            if handler is None:
-                raise ValueError(f"{type(message).__name__} is not expected by process {self.process!r}")
-            await handler(message)
-
-    def _stage(self, name: str) -> Stage:
-        stage = self.stages.get(name)
-        if stage is None:
-            raise LookupError(f"stage {name!r} does not run in process {self.process!r}")
-        return stage
-
-    async def _on_submit(self, message: m.Submit) -> None:
-        stage = self._stage(message.to_stage)
-        ref = DataRef.from_wire(message.data_ref)
-
-        async def deliver(payload: Any) -> None:
-            await stage.on_submit(self._checked_payload(payload, message.request_id))
-
-        await self.receive_object(ref, message.request_id, COORDINATOR, message.to_stage, deliver)
-
-    @staticmethod
-    def _checked_payload(payload: Any, request_id: str) -> StagePayload:
-        if not isinstance(payload, StagePayload) or payload.request_id != request_id:
-            raise ValueError(f"expected the StagePayload of {request_id!r}, got {type(payload).__name__}")
-        return payload
-
-    async def _on_data_ready(self, message: m.DataReady) -> None:
-        stage = self._stage(message.to_stage)
-        rid, sender = message.request_id, message.from_stage
-        if message.is_signal:
-            lane = (rid, sender, stage.name)
-
-            async def signal(_: Any) -> None:
-                await stage.deliver_stream_signal(rid, sender, message.error)
-
-            await self._in_order(lane, _nothing, signal, needs_task=False)
-            return
-        ref = DataRef.from_wire(message.data_ref)
-        if message.chunk_id is None:
-
-            async def payload(value: Any) -> None:
-                await stage.deliver_payload(rid, sender, self._checked_payload(value, rid))
-
-            await self.receive_object(ref, rid, sender, stage.name, payload)
-            return
-        first, count = message.chunk_id, message.chunk_count
-        # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md §9).
-        credit = self._credit_hold(ref, rid, sender, stage)
-
-        async def chunks(value: Any) -> None:
-            adopted = False
-            try:
-                try:
-                    pairs = chunk_list(value, count)
-                    items = [
-                        StreamItem(first + i, data, sender, metadata) for i, (data, metadata) in enumerate(pairs)
-                    ]
-                except (TypeError, ValueError) as exc:
-                    await stage.send_failure(rid, f"stream chunks from {sender!r}: {exc}")
-                    return
-                on_taken = None if credit is None else credit.give_back
-                adopted = await stage.deliver_stream_chunks(rid, sender, items, on_taken)
-            finally:
-                if credit is not None and not adopted:
-                    credit.give_back()  # dropped, or not queued: nothing will take it
-
-        await self.receive_object(
-            ref, rid, sender, stage.name, chunks, chunk_ids=range(first, first + count), credit=credit
-        )
 
     async def receive_object(
         self,
@@ -523,211 +388,36 @@ class Endpoint:
         deliver: Callable[[Any], Awaitable[None]],
         *,
         chunk_ids: range | None = None,
-        credit: _CreditHold | None = None,
     ) -> None:
-        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order.
+        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order."""
+        await self._receiver.receive_object(ref, request_id, sender, receiver, deliver, chunk_ids=chunk_ids)
 
-        With ``credit``, a successful ACK says the receiver holds the sender's
-        credit, and ``deliver`` must see to it that ``credit`` is given back.
-        """
-        lane = (request_id, sender, receiver)
-
-        async def read() -> Any:
-            start = time.monotonic()
-            try:
-                value = await decode_object(
-                    ref,
-                    shm_prefix=self.run_prefix,
-                    segments=self._segments,
-                    on_release=self._slot_releaser(ref, sender, receiver),
-                )
-            except Exception as exc:
-                if credit is not None:
-                    credit.cancel()
-                if ref.buffer is not None:
-                    await self._ack(ref, request_id, sender, receiver, describe_error(exc))
-                await self.fail_request(
-                    receiver, request_id, f"reading data from {sender!r} failed: {describe_error(exc)}"
-                )
-                raise _ReadFailed from exc
-            if ref.buffer is not None:
-                await self._ack(ref, request_id, sender, receiver, None, credit_held=credit is not None)
-            if self.tracer.enabled and chunk_ids is not None:
-                self.tracer.event(
-                    "comm_stream_read",
-                    request_id=request_id,
-                    from_stage=sender,
-                    to_stage=receiver,
-                    chunk_id=chunk_ids.start,
-                    chunk_count=len(chunk_ids),
-                    object_id=ref.object_id,
-                    transport=ref.transport.value,
-                    bytes=ref.nbytes or len(ref.header or b""),
-                    elapsed_ms=_elapsed_ms(start),
-                )
-            return value
-
-        await self._in_order(lane, read, deliver, needs_task=ref.buffer is not None)
-
-    async def _in_order(
-        self,
-        lane: tuple[str, str, str],
-        read: Callable[[], Awaitable[Any]],
-        deliver: Callable[[Any], Awaitable[None]],
-        *,
-        needs_task: bool,
-    ) -> None:
-        """Deliver in lane order: now if nothing is ahead and the read is instant, else in a task."""
-        if not needs_task and self._lanes.idle(lane):
-            with contextlib.suppress(_ReadFailed):
-                await deliver(await read())
-            return
-        self.spawn(self._run_in_lane, lane, self._lanes.claim(lane), read, deliver)
-
-    async def _run_in_lane(
-        self,
-        lane: tuple[str, str, str],
-        place: tuple[trio.Event | None, trio.Event],
-        read: Callable[[], Awaitable[Any]],
-        deliver: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        with contextlib.suppress(_ReadFailed):
-            await self._lanes.run(lane, place, read, deliver)
-
-    async def _ack(
-        self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None, *, credit_held: bool = False
-    ) -> None:
-        sender_process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
-        ack = m.DataAck(
-            request_id=request_id,
-            from_stage=receiver,
-            to_stage=sender,
-            object_id=ref.object_id,
-            success=error is None,
-            error=error,
-            credit_held=credit_held,
-        )
-        await self.send(sender_process, ack)
-
-    def _on_ack(self, message: m.DataAck) -> None:
-        # Settled here, not in the transfer's watcher task: a CreditReturn right behind this ACK
-        # (same socket, same receive batch) must find the held credit.
-        pending = self._pending.get(message.object_id)
-        if pending is None or pending.sender != message.to_stage:
-            return  # already settled (timed out, or the endpoint closed)
-        del self._pending[message.object_id]
-        hold = message.credit_held and not self._request_retired(pending.sender, pending.request_id)
-        pending.relay.settle(pending.put, message.success, keep_credit=hold)
-        if hold and message.success:
-            self._held[message.object_id] = _HeldCredit(
-                pending.relay, pending.request_id, pending.sender, pending.receiver
-            )
-        pending.error = message.error
-        pending.acked.set()
+    def _stage(self, name: str) -> Stage:
+        stage = self._stages.get(name)
+        if stage is None:
+            raise LookupError(f"stage {name!r} does not run in process {self.process!r}")
+        return stage
 
     def _request_retired(self, sender: str, request_id: str) -> bool:
-        stage = self.stages.get(sender)
+        stage = self._stages.get(sender)
         return stage is not None and request_id in stage.aborted
 
+    async def _on_abort(self, message: m.Abort) -> None:
+        for stage in self._stages.values():
+            stage.on_abort(message.request_id)
+        if self.process != "main":
+            await self.send("main", m.AbortDone(request_id=message.request_id, process=self.process))
+
+    async def _on_ack(self, message: m.DataAck) -> None:
+        self._transfers.on_ack(message)
+
     async def _on_credit_return(self, message: m.CreditReturn) -> None:
-        held = self._held.get(message.object_id)
-        if held is None or held.sender != message.to_stage or held.receiver != message.from_stage:
-            return  # returned already (the request ended), or not ours
-        del self._held[message.object_id]
-        held.relay.return_credit(held.receiver)
-
-    def return_held_credits(self, sender: str, request_id: str) -> None:
-        """``sender`` dropped ``request_id`` (abort, failure): give back the credits its receivers hold.
-
-        A receiver returns them itself when it drops the request too; this covers
-        a receiver that never will (its process died).
-        """
-        for object_id, held in list(self._held.items()):
-            if held.sender == sender and held.request_id == request_id:
-                del self._held[object_id]
-                held.relay.return_credit(held.receiver)
-
-    def held_credits(self, sender: str | None = None) -> int:
-        """Credits of ``sender`` (or of every stage here) that receivers hold until their scheduler takes the object."""
-        return sum(1 for held in self._held.values() if sender is None or held.sender == sender)
-
-    def _credit_hold(self, ref: DataRef, request_id: str, sender: str, stage: Stage) -> _CreditHold | None:
-        """For a shared-memory chunk to a stage whose inbox reports takes: what returns the sender's credit."""
-        if ref.buffer is None or sender == COORDINATOR or not stage.reports_takes:
-            return None
-        message = m.CreditReturn(
-            request_id=request_id, from_stage=stage.name, to_stage=sender, object_id=ref.object_id
-        )
-        return _CreditHold(self, self.placement.get(sender, "main"), message)
-
-    def _slot_releaser(self, ref: DataRef, sender: str, receiver: str) -> Callable[[], None] | None:
-        """For a pooled transfer: what tells ``sender`` that no tensor views its slot any more.
-
-        The callback runs when the last such tensor dies, on any thread (a
-        scheduler thread, the garbage collector): it only hands the message to
-        this trio loop, never blocks, and does nothing once the loop is gone.
-        """
-        if ref.buffer is None or not ref.buffer.pooled:
-            return None
-        token = trio.lowlevel.current_trio_token()
-        process = "main" if sender == COORDINATOR else self.placement.get(sender, "main")
-        message = m.SlotRelease(
-            from_stage=receiver, to_stage=sender, shm_name=ref.buffer.info["shm_name"], lease=ref.buffer.info["lease"]
-        )
-
-        def released() -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._queue_release, process, message)
-
-        return released
-
-    def _queue_release(self, process: str, message: m.ControlMessage) -> None:
-        """On the trio loop: queue a slot release (or a credit return); one task sends the queue in order."""
-        # Runs as a run_sync_soon callback, where an exception would crash the trio run.
-        nursery = self._nursery
-        if nursery is None or self._serving.cancel_called:
-            return  # closing: the sender unlinks its slots itself
-        self._releases.append((process, message))
-        if not self._releasing:
-            try:
-                nursery.start_soon(self._send_releases)
-            except Exception:  # noqa: BLE001 - the nursery is closed: nobody to tell
-                self._releases.clear()
-                return
-            self._releasing = True
-
-    async def _send_releases(self) -> None:
-        try:
-            while self._releases:
-                process, message = self._releases.popleft()
-                try:
-                    await self.send(process, message)
-                except Exception as exc:  # noqa: BLE001 - a lost release costs a slot, never the loop
-                    log.warning(
-                        "slot_release_not_sent", process=self.process, to=process, error=describe_error(exc)
-                    )
-        finally:
-            self._releasing = False
+        self._transfers.on_credit_return(message)
 
     async def _on_slot_release(self, message: m.SlotRelease) -> None:
         relay = self._relays.get(message.to_stage)
         if relay is not None:
             relay.release(message.shm_name, message.lease, message.from_stage)
-
-    def pending_transfers(self) -> int:
-        """Transfers of this process waiting for their ACK."""
-        return len(self._pending)
-
-    def busy_lanes(self) -> int:
-        """Lanes with a read or delivery in progress."""
-        return len(self._lanes)
-
-
-def chunk_list(value: object, count: int) -> list[Any]:
-    """The data of a chunk message: a list of ``count`` items (else ValueError)."""
-    if type(value) is not list or len(value) != count:
-        raise ValueError(f"expected a list of {count} chunk(s), got {type(value).__name__}")
-    return value
 
 
 async def _send_group(group: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]) -> None:
@@ -737,11 +427,3 @@ async def _send_group(group: list[Any], first_id: int, send: Callable[[list[Any]
         half = len(group) // 2
         await _send_group(group[:half], first_id, send)
         await _send_group(group[half:], first_id + half, send)
-
-
-class _ReadFailed(Exception):
-    """Reading an object failed; the request was failed and the sender ACKed."""
-
-
-async def _nothing() -> None:
-    return None

@@ -87,6 +87,16 @@ def _opt_map(instance: object, attribute: attrs.Attribute[Any], value: object) -
         raise TypeError(f"{attribute.name} must be a map or None, got {type(value).__name__}")
 
 
+def _opt_bindings(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # A request's replica binding: {process group: replica index}.
+    if value is None:
+        return
+    if type(value) is not dict or not all(
+        type(group) is str and group and type(index) is int and index >= 0 for group, index in value.items()
+    ):
+        raise ValueError(f"{attribute.name} must map process groups to replica indexes >= 0, got {value!r}")
+
+
 def _exact(tp: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
     # Exact type check: bool is an int subclass, but not a valid chunk id.
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -115,7 +125,7 @@ def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object
 
 def _str_tuple(value: object) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a list of strings, got {type(value).__name__}")
+        raise TypeError(f"expected a tuple (list) of strings, got {type(value).__name__}")
     for item in value:
         if type(item) is not str:
             raise TypeError(f"expected a list of strings, got an item of type {type(item).__name__}")
@@ -137,6 +147,7 @@ class Submit(ControlMessage):
     request_id: str = attrs.field(validator=_nonempty_str)
     to_stage: str = attrs.field(validator=_nonempty_str)
     data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
+    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=_opt_bindings)
 
 
 @message("data_ready")
@@ -160,6 +171,8 @@ class DataReady(ControlMessage):
     chunk_count: int = attrs.field(default=1, validator=_chunk_count)
     is_done: bool = attrs.field(default=False, validator=_exact(bool))
     error: str | None = attrs.field(default=None, validator=_opt_str)
+    #: The request's replica binding (docs/design.md, "Replicas"); None in pipelines without replicas.
+    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=_opt_bindings)
 
     def __attrs_post_init__(self) -> None:
         if self.is_done and self.error is not None:

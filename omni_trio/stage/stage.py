@@ -32,6 +32,7 @@ from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
+from omni_trio.stage.replicas import BindingTable, replica_name
 from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
 from omni_trio.stage.scopes import RequestScopes
 from omni_trio.tracing import Tracer, get_logger
@@ -92,8 +93,11 @@ class Stage:
         tracer: Tracer,
         coordinator: CoordinatorLink,
         stream_receiver: bool,
+        replica: int | None = None,
     ) -> None:
         self.name = config.name
+        #: The replica index when the stage's group is replicated (its address is then ``name@r<replica>``).
+        self.replica = replica
         self.config = config
         self.scheduler = scheduler
         self.process = process
@@ -115,6 +119,7 @@ class Stage:
         self._in_flight_sends = 0
         self._relay_in_use: Callable[[], int] = lambda: 0
         self._on_retire: Callable[[str], None] | None = None
+        self._bindings: BindingTable | None = None
         self._unhealthy: str | None = None
 
         self._stop_requested = trio.Event()
@@ -139,13 +144,22 @@ class Stage:
         links: dict[str, StageLink],
         relay_in_use: Callable[[], int] | None = None,
         on_retire: Callable[[str], None] | None = None,
+        bindings: BindingTable | None = None,
     ) -> None:
         """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
-        runs when the stage drops a request (abort or failure), after its own cleanup."""
+        runs when the stage drops a request (abort or failure), after its own cleanup. ``bindings``
+        is the process's replica binding table: the stage holds a request's entry while it holds
+        the request."""
         self._links = dict(links)
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
         self._on_retire = on_retire
+        self._bindings = bindings
+
+    @property
+    def address(self) -> str:
+        """Where messages for this stage go: its name, or ``name@r<replica>`` for a replica."""
+        return self.name if self.replica is None else replica_name(self.name, self.replica)
 
     @property
     def reports_takes(self) -> bool:
@@ -223,8 +237,8 @@ class Stage:
 
     # ------------------------------------------------------------------ inputs
 
-    async def on_submit(self, payload: StagePayload) -> None:
-        """A new request from the coordinator (this is the entry stage)."""
+    async def on_submit(self, payload: StagePayload, bindings: dict[str, int] | None = None) -> None:
+        """A new request from the coordinator (this is the entry stage); ``bindings``: its replica binding."""
         request_id = payload.request_id
         if request_id in self.aborted:
             await self._coordinator.complete(
@@ -233,14 +247,17 @@ class Stage:
                 error=f"Request {request_id} (retired after abort or failure, use a fresh request ID) already exists",
             )
             return
-        self._mark_active(request_id, payload_arrived=True)
+        self._mark_active(request_id, payload_arrived=True, bindings=bindings)
         await self.execute(payload)
 
-    async def deliver_payload(self, request_id: str, from_stage: str, payload: StagePayload) -> None:
-        """An upstream stage's payload for ``request_id`` arrived."""
+    async def deliver_payload(
+        self, request_id: str, from_stage: str, payload: StagePayload, bindings: dict[str, int] | None = None
+    ) -> None:
+        """An upstream stage's payload for ``request_id`` arrived (with the request's replica binding,
+        when it came from another process)."""
         if request_id in self.aborted:
             return
-        self._mark_active(request_id, payload_arrived=True)
+        self._mark_active(request_id, payload_arrived=True, bindings=bindings)
         try:
             merged = self._input.receive(request_id, from_stage, payload)
         except Exception as exc:  # noqa: BLE001 - user hooks (merge_fn, wait_for_fn) fail only this request
@@ -255,6 +272,7 @@ class Stage:
         from_stage: str,
         items: list[StreamItem],
         on_taken: Callable[[], object] | None = None,
+        bindings: dict[str, int] | None = None,
     ) -> bool:
         """Upstream stream chunks for ``request_id`` arrived (in order).
 
@@ -265,7 +283,7 @@ class Stage:
         """
         if request_id in self.aborted:
             return False
-        if not await self._open_stream(request_id, from_stage, "stream chunk"):
+        if not await self._open_stream(request_id, from_stage, "stream chunk", bindings):
             return False
         inbox = self.scheduler.inbox
         messages = [IncomingMessage(request_id, "stream_chunk", item) for item in items]
@@ -276,14 +294,16 @@ class Stage:
             inbox.put(message)
         return False
 
-    async def deliver_stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+    async def deliver_stream_signal(
+        self, request_id: str, from_stage: str, error: str | None = None, bindings: dict[str, int] | None = None
+    ) -> None:
         """An upstream stream ended (or failed with ``error``)."""
         if request_id in self.aborted:
             return
         if error is not None:
             await self.send_failure(request_id, f"stream from {from_stage!r} failed: {error}")
             return
-        if not await self._open_stream(request_id, from_stage, "stream_done"):
+        if not await self._open_stream(request_id, from_stage, "stream_done", bindings):
             return
         # The source travels as data so a scheduler fed by several streams can tell them apart.
         self.scheduler.inbox.put(IncomingMessage(request_id, "stream_done", from_stage))
@@ -292,6 +312,7 @@ class Stage:
         """Drop everything about ``request_id`` here (abort broadcast)."""
         self._retire(request_id)
         self.clear_request_state(request_id)
+        self._let_go(request_id)
 
     async def execute(self, payload: StagePayload) -> None:
         """Hand a payload to the scheduler as a ``new_request``."""
@@ -308,12 +329,14 @@ class Stage:
         except Exception as exc:  # noqa: BLE001 - a scheduler refusing one request fails only it
             await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}")
 
-    def _mark_active(self, request_id: str, *, payload_arrived: bool) -> None:
-        self.active.add(request_id)
+    def _mark_active(self, request_id: str, *, payload_arrived: bool, bindings: dict[str, int] | None = None) -> None:
+        self._hold(request_id, bindings)
         if payload_arrived and self.stream_receiver:
             self._stream_open.add(request_id)
 
-    async def _open_stream(self, request_id: str, from_stage: str, what: str) -> bool:
+    async def _open_stream(
+        self, request_id: str, from_stage: str, what: str, bindings: dict[str, int] | None = None
+    ) -> bool:
         if not self.stream_receiver:
             await self.send_failure(
                 request_id,
@@ -329,8 +352,19 @@ class Stage:
                 )
                 return False
             self._stream_open.add(request_id)
-        self.active.add(request_id)
+        self._hold(request_id, bindings)
         return True
+
+    def _hold(self, request_id: str, bindings: dict[str, int] | None = None) -> None:
+        """The stage holds ``request_id`` (and with it the request's replica binding in this process)."""
+        self.active.add(request_id)
+        if self._bindings is not None:
+            self._bindings.hold(request_id, self.name, bindings)
+
+    def _let_go(self, request_id: str) -> None:
+        """The request left this stage (unless it came straight back): its binding may go."""
+        if self._bindings is not None and request_id not in self.active:
+            self._bindings.release(request_id, self.name)
 
     # ------------------------------------------------------------------ state
 
@@ -391,6 +425,7 @@ class Stage:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
         self._retire(request_id)
         self.clear_request_state(request_id)
+        self._let_go(request_id)
         if self._tracer.enabled:
             self._tracer.event("stage_failed", request_id=request_id, stage=self.name, error=error)
         try:
@@ -444,7 +479,7 @@ class Stage:
         request_id = out.request_id
         if out.type == "admitted":
             if request_id not in self.aborted:
-                self.active.add(request_id)
+                self._hold(request_id)
             return
         if request_id not in self.active:
             # Late output of an aborted or finished request is dropped here.
@@ -577,6 +612,7 @@ class Stage:
                 await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
         if not keep_state:
             self.clear_request_state(request_id)
+        self._let_go(request_id)
 
     @staticmethod
     def _payload_for(result: Any, target: str) -> StagePayload:

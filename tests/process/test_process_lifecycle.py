@@ -24,7 +24,7 @@ import omni_trio as ot
 from omni_trio import supervisor as supervisor_module
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind
 from omni_trio.control import directory as directory_module
-from omni_trio.control import endpoint as endpoint_module
+from omni_trio.control import dispatch as dispatch_module
 from omni_trio.control import messages as m
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.zmq_trio import bind_pull
@@ -192,8 +192,8 @@ class LogRecorder:
 async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
     ipc_base: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    recorder = LogRecorder(endpoint_module.log)
-    monkeypatch.setattr(endpoint_module, "log", recorder)  # the main process's endpoint logs here
+    recorder = LogRecorder(dispatch_module.log)
+    monkeypatch.setattr(dispatch_module, "log", recorder)  # the main process's endpoint logs here
     config = helpers.config(
         ipc_base,
         stage("a", "create_append", factory={"tag": "a"}, next="b"),  # in the caller's process

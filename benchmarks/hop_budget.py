@@ -1,0 +1,209 @@
+"""The per-step cost of one process hop, each step measured in isolation (tracing off).
+
+Run: ``python benchmarks/hop_budget.py`` (from the repository root, in the test venv). Prints one line per
+step of the hop a W1/W2 payload takes between two worker processes, in microseconds (median of many
+calls), and the end-to-end numbers they add up against: a raw pyzmq one-way message between two trio
+loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``. torch is imported
+first, as every stage module of a ported pipeline does (the data plane then walks payloads for tensors).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch  # noqa: F401 - imported as user stage modules do: it switches the payload walk on
+import trio
+import zmq
+
+from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.comm.transfer import decode_object, encode_inline
+from omni_trio.control import messages as m
+from omni_trio.control.codec import decode, encode
+from omni_trio.payload import OmniRequest, StagePayload
+from omni_trio.scheduling import IncomingMessage, SimpleScheduler
+from omni_trio.stage.bridge import SchedulerThread, outbox_source
+
+N = 3000
+
+
+def per_call_us(fn: Callable[[], object], n: int = N) -> float:
+    """Cost of ``fn()`` in µs: the fastest of ``n // 100`` blocks of 100 calls (robust to a busy machine)."""
+    for _ in range(200):
+        fn()
+    blocks = []
+    for _ in range(n // 100):
+        start = time.perf_counter_ns()
+        for _ in range(100):
+            fn()
+        blocks.append((time.perf_counter_ns() - start) / 100 / 1000)
+    return min(blocks)
+
+
+def _payload() -> StagePayload:
+    return StagePayload("req-000001", OmniRequest(inputs="x"), {"raw_inputs": "x"})
+
+
+def codec_steps() -> dict[str, float]:
+    """Sender and receiver steps of the control message and its inline DataRef."""
+    payload = _payload()
+    kw: dict[str, Any] = {"sender": "s0", "target": "s1", "object_id": "req-000001:payload:s0:s1:7",
+                          "kind": DataRefKind.stage_payload}
+    ref = encode_inline(payload, **kw)
+    assert ref is not None
+    wire = ref.to_wire()
+    msg = m.DataReady(request_id="req-000001", from_stage="s0", to_stage="s1", data_ref=wire)
+    frames = encode(msg)
+    decoded = decode(frames)
+    assert isinstance(decoded, m.DataReady)
+
+    async def read() -> object:
+        return await decode_object(ref)
+
+    def run_read() -> None:
+        coro = read()
+        try:
+            coro.send(None)
+        except StopIteration:
+            pass
+
+    return {
+        "send: encode_inline (walk + pickle payload)": per_call_us(lambda: encode_inline(payload, **kw)),
+        "send: DataRef.to_wire": per_call_us(ref.to_wire),
+        "send: DataReady(...) (validators)": per_call_us(
+            lambda: m.DataReady(request_id="req-000001", from_stage="s0", to_stage="s1", data_ref=wire)
+        ),
+        "send: codec.encode": per_call_us(lambda: encode(msg)),
+        "recv: codec.decode": per_call_us(lambda: decode(frames)),
+        "recv: DataRef.from_wire": per_call_us(lambda: DataRef.from_wire(wire)),
+        "recv: decode_object (unpickle payload)": per_call_us(run_read),
+        "trio: checkpoint": _trio_checkpoint_us(),
+        "trio: nursery.start_soon + task run": _trio_spawn_us(),
+    }
+
+
+def _trio_checkpoint_us() -> float:
+    async def main() -> float:
+        start = time.perf_counter_ns()
+        for _ in range(N):
+            await trio.lowlevel.checkpoint()
+        return (time.perf_counter_ns() - start) / N / 1000
+
+    return trio.run(main)
+
+
+def _trio_spawn_us() -> float:
+    async def noop() -> None:
+        return None
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            start = time.perf_counter_ns()
+            for _ in range(N):
+                nursery.start_soon(noop)
+                await trio.lowlevel.checkpoint()
+            elapsed = time.perf_counter_ns() - start
+        return elapsed / N / 1000 - _trio_checkpoint_us_inline
+
+    return trio.run(main)
+
+
+_trio_checkpoint_us_inline = 0.0
+
+
+def scheduler_handoff_us(rounds: int = 500) -> float:
+    """Round trip of one request through a default SimpleScheduler's thread: enqueue on the trio loop,
+    compute on the scheduler thread, the Outbox's put wakes the loop's drain."""
+
+    async def main() -> float:
+        scheduler = SimpleScheduler(lambda payload: payload)
+        thread = SchedulerThread("s", scheduler)
+        source = outbox_source("s", scheduler.outbox)
+        thread.start()
+        await thread.warm.wait()
+        samples = []
+        for i in range(rounds + 50):
+            start = time.perf_counter_ns()
+            scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
+            batch = await source.next_batch()
+            samples.append((time.perf_counter_ns() - start) / 1000)
+            assert batch[0].data == i
+        scheduler.stop()
+        source.close()
+        await thread.finished.wait()
+        return statistics.median(samples[50:])
+
+    return trio.run(main)
+
+
+def _zmq_echo(pull: str, push: str, count: int) -> None:
+    async def main() -> None:
+        ctx = zmq.Context()
+        rx, tx = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        rx.bind(pull)
+        tx.connect(push)
+        for _ in range(count):
+            while not rx.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                await trio.lowlevel.wait_readable(rx.getsockopt(zmq.FD))
+            tx.send_multipart(rx.recv_multipart())
+        rx.close()
+        tx.close()
+        ctx.term()
+
+    trio.run(main)
+
+
+def zmq_round_trip_us(count: int = 1000) -> float:
+    """A raw pyzmq PUSH/PULL round trip of a 200-byte message between two trio loops (two processes)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = f"ipc://{tmp}/a", f"ipc://{tmp}/b"
+        child = multiprocessing.get_context("spawn").Process(target=_zmq_echo, args=(a, b, count + 100))
+        child.start()
+
+        async def main() -> float:
+            ctx = zmq.Context()
+            tx, rx = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+            tx.connect(a)
+            rx.bind(b)
+            samples = []
+            body = [b"data_ready", b"x" * 200]
+            for _ in range(count + 100):
+                start = time.perf_counter_ns()
+                tx.send_multipart(body)
+                while not rx.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    await trio.lowlevel.wait_readable(rx.getsockopt(zmq.FD))
+                rx.recv_multipart()
+                samples.append((time.perf_counter_ns() - start) / 1000)
+            tx.close()
+            rx.close()
+            ctx.term()
+            return statistics.median(samples[100:])
+
+        try:
+            return trio.run(main)
+        finally:
+            child.join(10)
+
+
+def main() -> int:
+    """Print the budget."""
+    global _trio_checkpoint_us_inline
+    _trio_checkpoint_us_inline = _trio_checkpoint_us()
+    rows = codec_steps()
+    rows["scheduler hand-off, round trip (default SimpleScheduler)"] = scheduler_handoff_us()
+    rows["raw pyzmq round trip between two trio loops"] = zmq_round_trip_us()
+    width = max(len(k) for k in rows)
+    for name, value in rows.items():
+        print(f"{name:<{width}}  {value:8.1f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

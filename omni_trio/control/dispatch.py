@@ -1,0 +1,78 @@
+"""Receive loops: frames from a socket are decoded and handed to the handler of their message type.
+
+A malformed, truncated or unknown frame is logged with the socket it came from and dropped; a
+handler that raises loses its message only. Neither ever ends the receive loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from omni_trio.control import messages as m
+from omni_trio.control.codec import MalformedMessage, decode
+from omni_trio.control.zmq_trio import TrioSocket
+from omni_trio.tracing import get_logger
+
+log = get_logger(__name__)
+
+#: Messages taken from a socket per wake-up, at most.
+RECEIVE_BATCH = 64
+
+M = TypeVar("M", bound=m.ControlMessage)
+Handler = Callable[[Any], Awaitable[None]]
+
+
+class Dispatcher:
+    """The message handlers of one process, by message type, and the loops that feed them.
+
+    ``describe(exc)`` formats a handler's exception for the log.
+    """
+
+    def __init__(self, process: str, describe: Callable[[BaseException], str]) -> None:
+        self._process = process
+        self._describe = describe
+        self._handlers: dict[type[m.ControlMessage], Handler] = {}
+
+    def on(self, message_type: type[M], handler: Callable[[M], Awaitable[None]]) -> None:
+        """Handle every ``message_type`` message with ``handler`` (one handler per type)."""
+        if message_type in self._handlers:
+            raise ValueError(f"{message_type.__name__} already has a handler in process {self._process!r}")
+        self._handlers[message_type] = handler
+
+    async def receive_loop(self, sock: TrioSocket, source: str, topic_frame: bool = False) -> None:
+        """Handle what arrives on ``sock`` until it closes (``topic_frame``: drop each message's first frame)."""
+        while True:
+            try:
+                batch = [await sock.recv_multipart()]
+                # Take everything already queued before handling any of it: a
+                # burst reaches a scheduler's inbox together (and batches there).
+                while len(batch) < RECEIVE_BATCH and (frames := sock.recv_nowait()) is not None:
+                    batch.append(frames)
+            except trio.ClosedResourceError:
+                return
+            for frames in batch:
+                await self.handle_frames(frames[1:] if topic_frame else frames, source)
+
+    async def handle_frames(self, frames: list[bytes], source: str) -> None:
+        """Decode one message and run its handler; log and drop it if either fails."""
+        try:
+            message = decode(frames)
+        except MalformedMessage as exc:
+            log.warning("malformed_message_dropped", socket=source, process=self._process, reason=exc.reason)
+            return
+        handler = self._handlers.get(type(message))
+        try:
+            if handler is None:
+                raise ValueError(f"{type(message).__name__} is not expected by process {self._process!r}")
+            await handler(message)
+        except Exception as exc:  # noqa: BLE001 - one bad message must not end the receive loop
+            log.warning(
+                "message_dropped",
+                socket=source,
+                process=self._process,
+                message=type(message).__name__,
+                error=self._describe(exc),
+            )

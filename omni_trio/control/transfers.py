@@ -1,0 +1,138 @@
+"""The sending side of shared-memory transfers: each one waits for its ACK, and a credit a receiver
+holds comes back with a CreditReturn.
+
+:class:`Transfers` keeps the table of puts waiting for their
+:class:`~omni_trio.control.messages.DataAck` and of credits that receivers hold until their
+scheduler takes the object. It never sends anything: the endpoint hands it the ACKs and credit
+returns that arrive, and it fails a request through the ``fail_request`` it was built with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.control import messages as m
+
+#: How long a sender waits for the receiver's ACK of one shared-memory transfer.
+ACK_TIMEOUT_S = 30.0
+
+
+@attrs.define(eq=False)
+class PendingTransfer:
+    """One put of ``relay`` waiting for its ACK."""
+
+    relay: ShmRelay
+    put: ShmPut
+    request_id: str
+    sender: str
+    receiver: str
+    acked: trio.Event = attrs.field(factory=trio.Event)
+    error: str | None = None
+
+
+@attrs.define(eq=False)
+class _HeldCredit:
+    """A credit of ``relay`` for ``receiver`` that an ACK said the receiver holds until its scheduler
+    takes the object (a :class:`~omni_trio.control.messages.CreditReturn` gives it back)."""
+
+    relay: ShmRelay
+    request_id: str
+    sender: str
+    receiver: str
+
+
+class Transfers:
+    """Transfers waiting for their ACK, and credits held by receivers (see the module docstring).
+
+    ``fail_request(sender, request_id, error)`` fails a request whose transfer failed;
+    ``is_retired(sender, request_id)`` says whether ``sender`` already dropped the request (then a
+    receiver's held credit comes back at once).
+    """
+
+    def __init__(
+        self,
+        fail_request: Callable[[str, str, str], Awaitable[None]],
+        is_retired: Callable[[str, str], bool],
+    ) -> None:
+        self._fail_request = fail_request
+        self._is_retired = is_retired
+        self._pending: dict[str, PendingTransfer] = {}
+        self._held: dict[str, _HeldCredit] = {}
+
+    def track(
+        self, object_id: str, relay: ShmRelay, put: ShmPut, request_id: str, sender: str, receiver: str
+    ) -> PendingTransfer:
+        """Register a put before its message is sent (the ACK may arrive during the send's checkpoint)."""
+        pending = self._pending[object_id] = PendingTransfer(relay, put, request_id, sender, receiver)
+        return pending
+
+    def not_sent(self, object_id: str) -> None:
+        """The message of a tracked put was never sent: nobody will ACK it."""
+        pending = self._pending.pop(object_id, None)
+        if pending is not None:
+            pending.relay.settle(pending.put, False)
+
+    async def watch(self, object_id: str, pending: PendingTransfer) -> None:
+        """Wait for the ACK of a sent put (at most :data:`ACK_TIMEOUT_S`); fail its request if it failed."""
+        with trio.move_on_after(ACK_TIMEOUT_S):
+            await pending.acked.wait()
+        if not pending.acked.is_set():
+            if self._pending.pop(object_id, None) is None:
+                return  # settled by the endpoint closing
+            pending.error = f"no ACK from {pending.receiver!r} within {ACK_TIMEOUT_S:g} s"
+            pending.relay.settle(pending.put, False)
+        if pending.error is not None:
+            await self._fail_request(
+                pending.sender, pending.request_id, f"transfer to {pending.receiver!r} failed: {pending.error}"
+            )
+
+    def on_ack(self, message: m.DataAck) -> None:
+        """Settle the put an ACK is for."""
+        # Settled here, not in the watcher task: a CreditReturn right behind this ACK
+        # (same socket, same receive batch) must find the held credit.
+        pending = self._pending.get(message.object_id)
+        if pending is None or pending.sender != message.to_stage:
+            return  # already settled (timed out, or the endpoint closed)
+        del self._pending[message.object_id]
+        hold = message.credit_held and not self._is_retired(pending.sender, pending.request_id)
+        pending.relay.settle(pending.put, message.success, keep_credit=hold)
+        if hold and message.success:
+            self._held[message.object_id] = _HeldCredit(
+                pending.relay, pending.request_id, pending.sender, pending.receiver
+            )
+        pending.error = message.error
+        pending.acked.set()
+
+    def on_credit_return(self, message: m.CreditReturn) -> None:
+        """Give a held credit back to its relay."""
+        held = self._held.get(message.object_id)
+        if held is None or held.sender != message.to_stage or held.receiver != message.from_stage:
+            return  # returned already (the request ended), or not ours
+        del self._held[message.object_id]
+        held.relay.return_credit(held.receiver)
+
+    def return_held(self, sender: str, request_id: str) -> None:
+        """``sender`` dropped ``request_id`` (abort, failure): give back the credits its receivers hold.
+
+        A receiver returns them itself when it drops the request too; this covers
+        a receiver that never will (its process died).
+        """
+        for object_id, held in list(self._held.items()):
+            if held.sender == sender and held.request_id == request_id:
+                del self._held[object_id]
+                held.relay.return_credit(held.receiver)
+
+    def in_use(self, sender: str) -> int:
+        """Transfers sent by ``sender`` that wait for their ACK."""
+        return sum(1 for p in self._pending.values() if p.sender == sender)
+
+    def close(self) -> None:
+        """Settle every put as failed and forget held credits (the relays are closing)."""
+        for pending in self._pending.values():
+            pending.relay.settle(pending.put, False)
+        self._pending.clear()
+        self._held.clear()
