@@ -9,9 +9,16 @@ Everything users need is importable from here::
         result = await pipeline.submit("r0", "hello")
 """
 
-from omni_trio.config import CommConfig, EndpointsConfig, PipelineConfig, StageConfig, StreamDeliveryConfig
+from omni_trio.config import (
+    CommConfig,
+    EndpointsConfig,
+    PipelineConfig,
+    ServeConfig,
+    StageConfig,
+    StreamDeliveryConfig,
+)
 from omni_trio.configfile import load_config
-from omni_trio.coordinator import Coordinator, PipelineStats, RequestStream
+from omni_trio.coordinator import Coordinator, PipelineHealth, PipelineStats, RequestStream
 from omni_trio.errors import (
     ConfigError,
     ConfigProblem,
@@ -44,6 +51,7 @@ from omni_trio.scheduling import (
     ThreadedSimpleScheduler,
     TimedChunk,
 )
+from omni_trio.serve import ServeAdapter, ServerAddress, serve
 from omni_trio.sessions import Session
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
 from omni_trio.stage.stage import StageStats
@@ -69,6 +77,7 @@ __all__ = [
     "OutgoingMessage",
     "PipelineClosed",
     "PipelineConfig",
+    "PipelineHealth",
     "PipelineStats",
     "QueueFullError",
     "ReplicaLoad",
@@ -80,6 +89,9 @@ __all__ = [
     "RequestStream",
     "RequestTimeout",
     "RoutedPayloads",
+    "ServeAdapter",
+    "ServeConfig",
+    "ServerAddress",
     "Session",
     "SessionContext",
     "SessionScheduler",
@@ -99,4 +111,5 @@ __all__ = [
     "load_config",
     "open_pipeline",
     "read_trace",
+    "serve",
 ]

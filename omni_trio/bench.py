@@ -18,6 +18,10 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
+- ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
+  ``ot.serve``: time to first audio and request latency (medians) over HTTP (httpx, streaming
+  ``/v1/audio/speech``) and through ``pipeline.stream`` directly, with 1 and 8 concurrent clients.
+  Needs the repository root on ``sys.path`` (the demo lives in ``examples/``) and httpx (a test extra).
 
 ``--quick`` shrinks every count so that the whole suite runs in well under a minute. The stages are
 what a user writes: ``SimpleScheduler(fn)`` with its default arguments (``fn`` runs on the scheduler
@@ -58,7 +62,7 @@ from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, Simpl
 
 M = "omni_trio.bench"
 MB = 1 << 20
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve")
 
 
 # --------------------------------------------------------------------------- stage factories (imported by workers)
@@ -500,6 +504,76 @@ async def idle(q: bool) -> dict[str, float]:
             "cpu_ticks": float(ticks)}
 
 
+async def _speak_direct(pipeline: Any, request_id: str) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = math.nan
+    async with pipeline.stream(request_id, "hello from the bench", params={"max_new_tokens": 24}) as events:
+        async for event in events:
+            if isinstance(event, StreamMessage) and math.isnan(first):
+                first = time.perf_counter() - started
+    return first, time.perf_counter() - started
+
+
+async def _speak_http(client: Any, model: str) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = math.nan
+    body = {"model": model, "input": "hello from the bench", "voice": "default", "response_format": "pcm"}
+    async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+        response.raise_for_status()
+        async for chunk in response.aiter_raw():
+            if chunk and math.isnan(first):
+                first = time.perf_counter() - started
+    return first, time.perf_counter() - started
+
+
+async def serve_bench(q: bool) -> dict[str, float]:
+    """The demo pipeline over HTTP against the same pipeline called directly, 1 and 8 clients at once."""
+    import attrs
+    import httpx
+
+    from omni_trio.config import ServeConfig
+    from omni_trio.serve import serve
+
+    make_config = importlib.import_module("examples.omni_speech.pipeline").make_config
+    model = "omni-speech-bench"
+    config = attrs.evolve(make_config("processes"), serve=ServeConfig(
+        model=model, adapter="examples.omni_speech.serve.SpeechAdapter", adapter_options={"max_new_tokens": 24}))
+    rounds = {1: 2 if q else 10, 8: 1 if q else 3}
+    samples: dict[str, list[tuple[float, float]]] = {}
+    async with open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
+        address = await nursery.start(serve, pipeline, config, "127.0.0.1", 0)
+        async with httpx.AsyncClient(base_url=address.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=16)) as client:
+            await _speak_direct(pipeline, "warm-direct")
+            await _speak_http(client, model)
+            for clients, count in rounds.items():
+                for r in range(count):  # alternate the two ways, so that drift hits both
+                    for way in ("direct", "http"):
+                        got = samples.setdefault(f"{way}_c{clients}", [])
+
+                        async def one(i: int, way: str = way, got: list[tuple[float, float]] = got,
+                                      r: int = r, clients: int = clients) -> None:
+                            if way == "direct":
+                                got.append(await _speak_direct(pipeline, f"b-{clients}-{r}-{i}"))
+                            else:
+                                got.append(await _speak_http(client, model))
+
+                        async with trio.open_nursery() as batch:
+                            for i in range(clients):
+                                batch.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    result: dict[str, float] = {}
+    for key, values in samples.items():
+        result[f"{key}_first_audio_ms"] = statistics.median(v[0] for v in values) * 1000
+        result[f"{key}_latency_ms"] = statistics.median(v[1] for v in values) * 1000
+    for clients in rounds:
+        for metric in ("first_audio_ms", "latency_ms"):
+            result[f"c{clients}_{metric.removesuffix('_ms')}_http_over_direct"] = (
+                result[f"http_c{clients}_{metric}"] / result[f"direct_c{clients}_{metric}"]
+            )
+    return result
+
+
 def _zmq_echo(pull_addr: str, push_addr: str, count: int) -> None:
     """The far side of ``floor``: PULL a message, PUSH it back, ``count`` times."""
     import zmq
@@ -555,6 +629,7 @@ def floor_sync(q: bool) -> dict[str, float]:
 
 ASYNC_WORKLOADS: dict[str, Callable[[bool], Awaitable[dict[str, float]]]] = {
     "W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w7, "W8": w8, "W9": w9, "idle": idle,
+    "serve": serve_bench,
 }
 
 

@@ -6,6 +6,7 @@ Commands (see docs/cli.md)::
     omni-trio run CONFIG --input TEXT|@FILE [--stream] [--trace FILE] [--json] [--request-id ID] [--deadline S]
     omni-trio trace summary TRACE
     omni-trio trace export TRACE -o timeline.json
+    omni-trio serve CONFIG [--host 127.0.0.1] [--port 8000] [--deadline S] [--trace FILE]
     omni-trio bench [--quick] [--json PATH] [--only W1,W4,...]
 
 Exit codes: 0 ok, 1 the request failed (or the pipeline did), 2 a usage or
@@ -15,6 +16,7 @@ config error, 130 interrupted (Ctrl-C). Errors go to stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -257,6 +259,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
 
 
+# --------------------------------------------------------------------------- serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``omni-trio serve CONFIG``: the pipeline behind an OpenAI-compatible HTTP server (docs/serving.md)."""
+    from omni_trio.serve.command import serve_until_signalled
+
+    _add_app_dir(args.app_dir)
+    if not 0 <= args.port <= 65535:
+        raise _UsageError(f"--port must be in 0..65535, got {args.port}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise _UsageError("--deadline must be positive")
+    config = _load(args.config)
+    if config.serve is None:
+        raise _UsageError(f"{args.config} has no [serve] table (model, adapter): see docs/serving.md")
+    if args.deadline is not None:
+        config = attrs.evolve(config, serve=attrs.evolve(config.serve, deadline_s=args.deadline))
+    try:
+        trio.run(functools.partial(serve_until_signalled, config, host=args.host, port=args.port,
+                                   trace=args.trace, out=sys.stdout))
+    except OmniTrioError as exc:
+        _err(f"error: {exc}")
+        return EXIT_FAILED
+    except OSError as exc:  # the address is taken, or not ours to bind
+        _err(f"error: cannot listen on {args.host}:{args.port}: {exc}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- trace
 
 
@@ -407,6 +438,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("trace", metavar="TRACE", help="the pipeline's trace file (run.jsonl)")
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="the timeline file to write")
     export.set_defaults(handler=cmd_trace_export)
+
+    serve = commands.add_parser("serve", help="serve a pipeline over HTTP (OpenAI-compatible; docs/serving.md)",
+                                description="Open the pipeline of CONFIG and serve it with the OpenAI speech and "
+                                            "chat endpoints, /health and /metrics, until SIGINT or SIGTERM; then "
+                                            "drain and close. Prints one line, 'listening on http://HOST:PORT'.")
+    serve.add_argument("config", metavar="CONFIG", help="pipeline config file with a [serve] table")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
+    serve.add_argument("--deadline", type=float, metavar="S", help="per-request deadline in seconds (504 after)")
+    serve.add_argument("--trace", metavar="FILE", help="write a JSON-lines trace to FILE (workers write siblings)")
+    serve.add_argument("--app-dir", default=".", metavar="DIR", help=APP_DIR_HELP)
+    serve.set_defaults(handler=cmd_serve)
 
     bench = commands.add_parser("bench", help="run the benchmark suite (python -m omni_trio.bench)",
                                 description="Run the benchmark suite: latency, throughput, tensor transfer, "

@@ -112,6 +112,28 @@ class StreamDeliveryConfig:
 
 
 @attrs.frozen
+class ServeConfig:
+    """The HTTP front end of a pipeline (``omni-trio serve``, :func:`omni_trio.serve`).
+
+    ``model`` is the model id clients name; ``adapter`` the dotted path of a
+    :class:`omni_trio.serve.ServeAdapter` subclass, built with
+    ``adapter_options`` as keyword arguments. ``max_body_bytes`` bounds a
+    request body (413 beyond it); ``grace_period_s`` is how long in-flight
+    requests may finish once the server is asked to stop; ``deadline_s`` is
+    the default per-request deadline (504 on expiry; ``None``: none);
+    ``retry_after_s`` is the ``Retry-After`` of a 429.
+    """
+
+    model: str
+    adapter: str = attrs.field(converter=dotted_path)
+    adapter_options: dict[str, Any] = attrs.field(factory=dict)
+    max_body_bytes: int = 16 << 20
+    grace_period_s: float = 10.0
+    deadline_s: float | None = None
+    retry_after_s: int = 1
+
+
+@attrs.frozen
 class StageConfig:
     """One stage: its scheduler factory, its placement and its edges.
 
@@ -186,6 +208,7 @@ class PipelineConfig:
     stream_delivery: StreamDeliveryConfig = attrs.field(factory=StreamDeliveryConfig)
     max_in_flight: int | None = None
     replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
+    serve: ServeConfig | None = None
 
     def __attrs_post_init__(self) -> None:
         problems = validate(self)
@@ -420,6 +443,34 @@ def _admission_problems(config: PipelineConfig) -> list[ConfigProblem]:
     return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _serve_problems(serve: object) -> list[ConfigProblem]:
+    if serve is None:
+        return []
+    if not isinstance(serve, ServeConfig):
+        return [ConfigProblem("serve", f"expected a ServeConfig, got {type(serve).__name__}")]
+    problems = []
+    if not isinstance(serve.model, str) or not serve.model:
+        problems.append(ConfigProblem("serve.model", f"expected a non-empty model id, got {serve.model!r}"))
+    problems += _check_hook_value("serve.adapter", serve.adapter)
+    if not isinstance(serve.adapter_options, dict):
+        problems.append(ConfigProblem("serve.adapter_options", "expected a table of keyword arguments"))
+    body = serve.max_body_bytes
+    if not isinstance(body, int) or isinstance(body, bool) or body < 1:
+        problems.append(ConfigProblem("serve.max_body_bytes", f"expected a whole number >= 1, got {body!r}"))
+    if not _is_number(serve.grace_period_s) or serve.grace_period_s < 0:
+        problems.append(ConfigProblem("serve.grace_period_s", f"expected seconds >= 0, got {serve.grace_period_s!r}"))
+    if serve.deadline_s is not None and (not _is_number(serve.deadline_s) or serve.deadline_s <= 0):
+        problems.append(ConfigProblem("serve.deadline_s", f"expected seconds > 0 or None, got {serve.deadline_s!r}"))
+    retry = serve.retry_after_s
+    if not isinstance(retry, int) or isinstance(retry, bool) or retry < 0:
+        problems.append(ConfigProblem("serve.retry_after_s", f"expected a whole number >= 0, got {retry!r}"))
+    return problems
+
+
 def _graph_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
     index_of = {stage.name: i for i, stage in enumerate(config.stages)}
@@ -510,6 +561,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _group_problems(config)
     problems += _check_hook_value("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
+    problems += _serve_problems(config.serve)
     problems += _graph_problems(config, known)
     return problems
 
@@ -585,5 +637,11 @@ def check_imports(config: PipelineConfig) -> None:
         value = getattr(config, field)
         if value is not None:
             problems += [p for p in [_import_problem(field, value)[1]] if p]
+    if config.serve is not None:
+        adapter, problem = _import_problem("serve.adapter", config.serve.adapter)
+        if problem:
+            problems.append(problem)
+        else:
+            problems += factory_kwarg_problems("serve.adapter_options", adapter, config.serve.adapter_options)
     if problems:
         raise ConfigError(problems)

@@ -53,6 +53,29 @@ class StageDirectory(Protocol):
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
 
+    def health(self) -> dict[str, str]:
+        """The state of each process that runs stages (see :class:`PipelineHealth`)."""
+
+
+@attrs.frozen
+class PipelineHealth:
+    """Whether every process of a pipeline is alive and ready to take requests.
+
+    ``processes`` maps each process (``"main"`` for the caller's) to
+    ``"ready"``, ``"starting"``, ``"restarting"`` or ``"dead"``.
+    """
+
+    processes: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        """True when every process is ready."""
+        return all(state == "ready" for state in self.processes.values())
+
+    def not_ready(self) -> dict[str, str]:
+        """The processes that are not ready, with their state."""
+        return {name: state for name, state in self.processes.items() if state != "ready"}
+
 
 @attrs.frozen
 class PipelineStats:
@@ -288,6 +311,13 @@ class Coordinator:
             rejected_requests=self._rejected,
             down_replicas=() if self._replicas is None else self._replicas.down(),
         )
+
+    def health(self) -> PipelineHealth:
+        """Whether every stage process is alive and ready; a closed pipeline has none ready."""
+        processes = self._directory.health()
+        if self._closed is not None:
+            processes = dict.fromkeys(processes, "dead")
+        return PipelineHealth(processes)
 
     # ------------------------------------------------------------------ resolution
 

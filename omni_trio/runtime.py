@@ -163,6 +163,10 @@ class LocalDirectory:
         """Every stage's counters."""
         return {name: stage.stats() for name, stage in self._stages.items()}
 
+    def health(self) -> dict[str, str]:
+        """The caller's process is alive while it can answer."""
+        return {MAIN_PROCESS: "ready"}
+
 
 @asynccontextmanager
 async def _single_errors() -> AsyncIterator[None]:

@@ -213,6 +213,18 @@ class Producer(QueueScheduler):
         self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
+class StreamThenWait(QueueScheduler):
+    """Streams one chunk (the text ``"first"``) per request, then never answers: the request stays
+    live until it is aborted."""
+
+    def serve(self, msg: Any) -> None:
+        self.outbox.put(OutgoingMessage(msg.request_id, "stream", data="first"))
+
+
+def create_stream_then_wait() -> StreamThenWait:
+    return StreamThenWait()
+
+
 def create_producer(chunks: int = 3, numel: int = 8, max_queued_streams: int | None = None) -> Producer:
     return Producer(chunks, numel, max_queued_streams)
 

@@ -48,8 +48,9 @@ def _one_thread() -> None:
 
 
 def wants_audio(request: OmniRequest) -> bool:
-    """Whether a request comes with audio (``params["audio"]``: ``True`` or a dict for ``synthesize_audio``)."""
-    return bool(request.params.get("audio"))
+    """Whether a request comes with audio: ``params["audio"]`` (``True`` or a dict for ``synthesize_audio``),
+    or ``params["audio_pcm"]`` (float32 samples at 16 kHz, e.g. a client's WAV)."""
+    return bool(request.params.get("audio")) or request.params.get("audio_pcm") is not None
 
 
 def encoders_for(payload: StagePayload) -> list[str]:
@@ -104,13 +105,16 @@ class ModelScheduler(SimpleScheduler):
 
 
 def preprocess(payload: StagePayload) -> StagePayload:
-    """Text -> byte token ids; ``params["audio"]`` -> a synthetic signal -> log-mel features."""
+    """Text -> byte token ids; ``params["audio_pcm"]`` or ``params["audio"]`` (a synthetic signal) -> log-mel."""
     text = payload.data["raw_inputs"]
     if not isinstance(text, str) or not text.strip():
         raise ValueError("the request needs some text")
     data: dict[str, Any] = {"text_ids": models.encode_text(text)}
-    if wants_audio(payload.request):
-        spec = payload.request.params["audio"]
+    params = payload.request.params
+    if params.get("audio_pcm") is not None:
+        data["mel"] = models.log_mel(torch.as_tensor(params["audio_pcm"], dtype=torch.float32).contiguous())
+    elif wants_audio(payload.request):
+        spec = params["audio"]
         wave = models.synthesize_audio(**(spec if isinstance(spec, dict) else {}))
         data["mel"] = models.log_mel(wave)
     payload.data = data

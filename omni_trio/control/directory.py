@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint, chunk_list
@@ -71,6 +72,21 @@ class ProcessDirectory:
 
     def _live(self) -> set[str]:
         return {worker.name for worker in self._supervisor.live_workers()}
+
+    def health(self) -> dict[str, str]:
+        """Each worker's state: ready, starting, restarting or dead; ``main`` is always ready."""
+        restarting = set(self._supervisor.restarting())
+        states = {MAIN_PROCESS: "ready"}
+        for name, worker in self._supervisor.workers.items():
+            if name in restarting:
+                states[name] = "restarting"
+            elif worker.live:
+                states[name] = "ready"
+            elif worker.exited.is_set() or worker.failure is not None:
+                states[name] = "dead"
+            else:
+                states[name] = "starting"
+        return states
 
     def forget(self, process: str) -> None:
         """A worker is gone: stop waiting for its replies."""

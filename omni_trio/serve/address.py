@@ -1,0 +1,19 @@
+"""Where a server listens."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class ServerAddress:
+    """The host and port a server is bound to (what ``nursery.start(ot.serve, ...)`` returns)."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

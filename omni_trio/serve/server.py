@@ -1,0 +1,68 @@
+"""The OpenAI app on hypercorn's trio worker, inside the caller's trio loop (``ot.serve`` runs it)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from omni_trio.config import PipelineConfig, ServeConfig, import_string
+from omni_trio.coordinator import Coordinator
+from omni_trio.errors import ConfigError, ConfigProblem
+from omni_trio.serve.adapter import ServeAdapter
+from omni_trio.serve.address import ServerAddress
+from omni_trio.serve.app import OpenAIApp
+from omni_trio.serve.metrics import Metrics
+
+
+def serve_config_of(config: PipelineConfig | ServeConfig) -> ServeConfig:
+    """The ``serve`` table of a pipeline config (or the ServeConfig itself); ConfigError if there is none."""
+    if isinstance(config, ServeConfig):
+        return config
+    if config.serve is None:
+        raise ConfigError([ConfigProblem("serve", "the config has no serve table (model, adapter)")])
+    return config.serve
+
+
+def build_adapter(config: ServeConfig) -> ServeAdapter:
+    """The adapter ``config`` names, built with its options."""
+    adapter = import_string(config.adapter)(**config.adapter_options)
+    if not isinstance(adapter, ServeAdapter):
+        raise ConfigError([ConfigProblem("serve.adapter", f"{config.adapter!r} is not a ServeAdapter subclass")])
+    return adapter
+
+
+async def run_server(
+    pipeline: Coordinator,
+    config: PipelineConfig | ServeConfig,
+    host: str,
+    port: int,
+    shutdown: trio.Event | None,
+    task_status: trio.TaskStatus[ServerAddress],
+) -> None:
+    """What :func:`omni_trio.serve` does (imported only when a server starts)."""
+    serve_config = serve_config_of(config)
+    app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics())
+    hypercorn = HypercornConfig()
+    hypercorn.bind = [ServerAddress(host, port).url.removeprefix("http://")]
+    hypercorn.graceful_timeout = float(serve_config.grace_period_s)
+    hypercorn.accesslog = None
+    # hypercorn's startup banner would go to stderr; the CLI prints its own line.
+    hypercorn.loglevel = "WARNING"
+    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+
+    async def until_shutdown() -> None:
+        if shutdown is None:
+            await trio.sleep_forever()
+        else:
+            await shutdown.wait()
+
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(hypercorn_serve, app.asgi, hypercorn, shutdown_trigger=until_shutdown)  # type: ignore[arg-type]
+        )
+        bound_port = int(binds[0].rsplit(":", 1)[1])
+        task_status.started(ServerAddress(host, bound_port))

@@ -1,0 +1,103 @@
+"""``omni-trio serve examples/omni_speech/serve.toml`` as a subprocess: one worker process per model.
+
+It prints one line, serves the openai client, reports a killed worker on
+/health (503 naming it) until its restart is ready, and on SIGTERM drains and
+exits, leaving no process, socket or shared-memory segment behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
+
+
+def _children(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def _health_until(url: str, status: int, seconds: float) -> httpx.Response:
+    # The test waits on the server from outside; the server itself never polls.
+    deadline = time.monotonic() + seconds
+    while True:
+        response = httpx.get(f"{url}/health", timeout=10)
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory with a short path (Unix socket paths are at most ~100 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="ots-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
+    tmp_path = short_tmp
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the run's IPC directory goes here
+    server = subprocess.Popen(
+        [sys.executable, "-m", "omni_trio", "serve", str(CONFIG), "--port", "0", "--app-dir", str(ROOT)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    workers: set[int] = set()
+    run_prefix = ""
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()  # bounded by the pipeline's start-up timeout
+        if not line.startswith("listening on http://127.0.0.1:"):
+            server.wait(30)
+            stderr = server.stderr.read() if server.stderr else None
+            raise AssertionError(f"no listening line: {line!r}; stderr: {stderr}")
+        url = line.split()[-1]
+        workers = _children(server.pid)
+        assert len(workers) == 5
+        spec = pickle.loads(next(tmp_path.glob("omnitrio-*/p_vocoder.spec")).read_bytes())
+        run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        with client.audio.speech.with_streaming_response.create(
+            model="omni-speech-demo", input="hello", voice="alloy", response_format="pcm"
+        ) as response:
+            assert len(b"".join(response.iter_bytes())) == 24 * 4 * 320 * 2
+        assert _health_until(url, 200, 0).json()["status"] == "ok"
+
+        vocoder = next(pid for pid in workers if "p_vocoder.spec" in Path(f"/proc/{pid}/cmdline").read_text())
+        os.kill(vocoder, signal.SIGKILL)
+        down = _health_until(url, 503, 30)
+        assert down.status_code == 503, down.text
+        assert down.json()["not_ready"] == {"p_vocoder": "restarting"}
+        assert _health_until(url, 200, 120).status_code == 200  # the restarted worker is ready again
+
+        workers |= _children(server.pid)  # the restarted one too
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+        assert server.stdout.read() == ""  # exactly one line on stdout
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(30)
+        for pid in _children(server.pid) | workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not any(Path(f"/proc/{pid}").exists() and "omni_trio" in Path(f"/proc/{pid}/cmdline").read_text()
+                   for pid in workers)
+    assert list(tmp_path.glob("omnitrio-*")) == []
+    assert run_prefix and not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
