@@ -130,6 +130,7 @@ class Coordinator:
     ) -> None:
         self._entry = config.entry
         self._stage_names = frozenset(stage.name for stage in config.stages)
+        self._replicated = frozenset(stage.name for stage in config.stages if stage.replicas > 1)
         self._terminals = frozenset(config.terminal_stages)
         self._terminals_fn: Callable[[OmniRequest], Any] | None = (
             None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
@@ -184,7 +185,7 @@ class Coordinator:
             entry_stages: tuple[str, ...] = (self._entry,)
             expected = self._expected_terminals(request)
         else:
-            entry_stages, completing = session_targets(session, self._stage_names)
+            entry_stages, completing = session_targets(session, self._stage_names, self._replicated)
             expected = frozenset(completing)
         live = _LiveRequest(request_id, request, expected, streaming, session=session, entry_stages=entry_stages)
         if self._replicas is not None:

@@ -34,9 +34,12 @@ SessionEvent = StreamMessage | CompleteMessage
 
 
 def session_targets(
-    operation: SessionOperation, stage_names: Collection[str]
+    operation: SessionOperation, stage_names: Collection[str], replicated: Collection[str] = ()
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(stages the request is submitted to, stages whose completion resolves it)``.
+
+    Sessions cannot own a replicated stage (``replicas > 1``): replicas are bound per
+    request, and a session's state lives in one scheduler across many requests.
 
     An append enters at the first owner and completes at the last; a read
     attaches at the last owner, whose output the caller sees; open, close and
@@ -50,6 +53,11 @@ def session_targets(
         raise ValueError(f"session stages {unknown!r} are not stages of this pipeline ({sorted(stage_names)})")
     if len(set(stages)) != len(stages):
         raise ValueError(f"session stages list a stage twice: {list(stages)!r}")
+    if on_replicas := [name for name in stages if name in replicated]:
+        raise ValueError(
+            f"session stages {on_replicas!r} have replicas; a session's state lives in one scheduler, "
+            "so session owners must run with replicas=1"
+        )
     if operation.op == "append":
         return (stages[0],), (stages[-1],)
     if operation.op == "read":

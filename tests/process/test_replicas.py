@@ -289,3 +289,15 @@ async def test_fan_in_inputs_of_a_request_meet_on_one_replica(ipc_base: Path) ->
     assert results == {
         f"r{i}": {"left": [f"r{i}", "split", "left"], "right": [f"r{i}", "split", "right"]} for i in range(8)
     }
+
+
+async def test_a_session_cannot_own_a_replicated_stage(ipc_base: Path, tmp_path: Path) -> None:
+    # A session's state lives in one scheduler across requests; replicas are bound per request.
+    config = holder_pipeline(ipc_base, "embedded")
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+            with pytest.raises(ValueError, match=r"session stages \['hold'\] have replicas"):
+                await pipeline.submit(
+                    "s-open", None, metadata={"omni_session": {"op": "open", "session_id": "s", "stages": ["hold"]}}
+                )
+            assert (await pipeline.stats()).idle
