@@ -28,8 +28,12 @@ CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
 
 
 def _children(pid: int) -> set[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+    # Per thread: trio starts child processes from a worker thread, so read every thread's list.
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            children.update(int(p) for p in (task / "children").read_text().split())
+    return children
 
 
 def _health_until(url: str, status: int, seconds: float) -> httpx.Response:
