@@ -97,11 +97,20 @@ class CommConfig:
     pool_mb: int = 256
 
 
+#: The smallest ``max_message_bytes``: every inline message of the data plane (a pickled object of up
+#: to 16 KiB, a run of small stream chunks) must fit.
+MIN_MESSAGE_BYTES = 64 * 1024
+
+
 @attrs.frozen
 class EndpointsConfig:
-    """Where the per-run IPC directory is created (``None``: the system temp dir)."""
+    """The run's IPC sockets: where the per-run IPC directory is created (``None``: the system temp
+    dir), and the largest part of a control message they accept (``max_message_bytes``; a bigger one
+    is refused by the receiving socket, and the sender fails its request with ``MessageTooLarge``).
+    """
 
     base_path: str | None = None
+    max_message_bytes: int = 64 << 20
 
 
 @attrs.frozen
@@ -443,6 +452,18 @@ def _admission_problems(config: PipelineConfig) -> list[ConfigProblem]:
     return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
 
 
+def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
+    size = endpoints.max_message_bytes
+    if isinstance(size, int) and not isinstance(size, bool) and size >= MIN_MESSAGE_BYTES:
+        return []
+    return [
+        ConfigProblem(
+            "endpoints.max_message_bytes",
+            f"expected a whole number of bytes >= {MIN_MESSAGE_BYTES} (inline messages must fit), got {size!r}",
+        )
+    ]
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -561,6 +582,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _group_problems(config)
     problems += _check_hook_value("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
+    problems += _endpoints_problems(config.endpoints)
     problems += _serve_problems(config.serve)
     problems += _graph_problems(config, known)
     return problems

@@ -56,6 +56,9 @@ class StageDirectory(Protocol):
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
 
+    def refused_frames(self) -> dict[str, int]:
+        """Per process, the messages refused for want of the run's proof (none without sockets)."""
+
 
 @attrs.frozen
 class PipelineHealth:
@@ -86,6 +89,9 @@ class PipelineStats:
     rejected_requests: int = 0  # refused at admission by max_in_flight, since the pipeline opened
     #: Replica processes that take no work now (dead, or being restarted).
     down_replicas: tuple[str, ...] = ()
+    #: Per process, the messages its sockets refused and dropped undecoded: they lacked this run's
+    #: proof (forged, garbage, from another run); empty when every stage is embedded.
+    refused_frames: dict[str, int] = attrs.field(factory=dict)
 
     @property
     def degraded(self) -> bool:
@@ -311,6 +317,7 @@ class Coordinator:
             live_requests=len(self._live),
             rejected_requests=self._rejected,
             down_replicas=() if self._replicas is None else self._replicas.down(),
+            refused_frames=self._directory.refused_frames(),
         )
 
     def health(self) -> PipelineHealth:

@@ -137,5 +137,21 @@ class RequestQueueFull(RequestFailed, QueueFullError):
     :class:`QueueFullError`, as the reference raises ``QueueFullError`` for it."""
 
 
+class MessageTooLarge(OmniTrioError, ValueError):
+    """A control message has a part over the run's ``endpoints.max_message_bytes``; it was not sent.
+
+    Receivers refuse such parts (ZMQ_MAXMSGSIZE), so the sender fails the request instead.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"a control message part of {size} bytes is over the limit of {limit} bytes "
+            "(PipelineConfig.endpoints.max_message_bytes): raise the limit, or carry large data "
+            "as torch tensors, which travel through shared memory"
+        )
+
+
 class PipelineClosed(OmniTrioError):
     """The pipeline is closed or has failed; it accepts no more requests."""

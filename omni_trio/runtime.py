@@ -26,9 +26,11 @@ import trio
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
+from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
+from omni_trio.control.zmq_trio import SocketPolicy
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError
 from omni_trio.payload import StagePayload
@@ -126,8 +128,13 @@ def connect_stages(
         )
 
 
-def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer) -> Endpoint:
-    """The endpoint of ``process`` in a multi-process run of ``config`` (stages by address: each replica's own)."""
+def endpoint_for(
+    config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer, secret: bytes
+) -> Endpoint:
+    """The endpoint of ``process`` in a multi-process run of ``config`` (stages by address: each replica's own).
+
+    ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.auth`).
+    """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     return Endpoint(
         process=process,
@@ -135,6 +142,7 @@ def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix
         placement=addressed_placement(config),
         shm_prefix=shm_prefix,
         tracer=tracer,
+        policy=SocketPolicy(FrameMac(secret, process=process, tracer=tracer), config.endpoints.max_message_bytes),
         credits={address: comm.credits for address, comm in with_comm},
         max_transfer_bytes={address: comm.slot_size_mb << 20 for address, comm in with_comm},
         pool_bytes={address: comm.pool_mb << 20 for address, comm in with_comm},
@@ -166,6 +174,10 @@ class LocalDirectory:
     def health(self) -> dict[str, str]:
         """The caller's process is alive while it can answer."""
         return {MAIN_PROCESS: "ready"}
+
+    def refused_frames(self) -> dict[str, int]:
+        """No sockets, nothing to refuse."""
+        return {}
 
 
 @asynccontextmanager
@@ -255,10 +267,11 @@ async def _in_processes(
 ) -> AsyncIterator[Coordinator]:
     ipc_dir = _make_ipc_dir(config)
     run_prefix = f"omnitrio-{secrets.token_hex(6)}"
+    secret = new_secret()
     died: list[StageProcessDied] = []
     try:
         async with trio.open_nursery() as nursery:
-            endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer)
+            endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer, secret)
             await nursery.start(endpoint.serve)
             local: dict[str, Stage] = {}
             bindings = BindingTable(config)

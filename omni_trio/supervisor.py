@@ -15,6 +15,7 @@ pipeline's life. Each attempt goes through the same readiness handshake.
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import trio
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
-from omni_trio.control.endpoint import Endpoint, abort_path
+from omni_trio.control.endpoint import Endpoint, abort_path, ready_topic
 from omni_trio.control.zmq_trio import TrioSocket, bind_xpub
 from omni_trio.errors import StageStartupError, describe_exit
 from omni_trio.stage.replicas import split_replica
@@ -50,6 +51,8 @@ class WorkerSpec:
     process: str
     ipc_dir: str
     shm_prefix: str
+    #: The run's secret: every message carries its proof (omni_trio/control/auth.py).
+    secret: bytes
     trace_path: str | None
     sys_path: list[str]
     #: Requests failed when an earlier incarnation of this process died: messages for
@@ -173,7 +176,7 @@ class Supervisor:
     async def spawn(self, nursery: trio.Nursery) -> None:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
         self._nursery = nursery
-        xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir))
+        xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir), self._endpoint.policy)
         self._abort = xpub
         self._endpoint.adopt(xpub)
         nursery.start_soon(self._watch_subscriptions, xpub)
@@ -207,12 +210,14 @@ class Supervisor:
             process=process,
             ipc_dir=str(self._ipc_dir),
             shm_prefix=shm_prefix,
+            secret=self._endpoint.policy.auth.secret,
             trace_path=None if self._trace_path is None else str(process_trace_path(self._trace_path, process)),
             sys_path=[p for p in sys.path if p],
             retired=retired,
         )
         path = self._ipc_dir / f"{process}.spec"
-        with open(path, "wb") as handle:
+        # Owner-only from the start: it holds the run's secret.
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as handle:
             pickle.dump(spec, handle)
         return path
 
@@ -227,18 +232,19 @@ class Supervisor:
             self._settle_if_ready(worker)
 
     async def _watch_subscriptions(self, xpub: TrioSocket) -> None:
-        prefix = b"\x01ready:"
         with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
-            await self._read_subscriptions(xpub, prefix)
+            await self._read_subscriptions(xpub)
 
-    async def _read_subscriptions(self, xpub: TrioSocket, prefix: bytes) -> None:
+    async def _read_subscriptions(self, xpub: TrioSocket) -> None:
         while True:
             try:
                 frames = await xpub.recv_multipart()
             except trio.ClosedResourceError:
                 return
-            if frames and frames[0].startswith(prefix):
-                worker = self.workers.get(frames[0][len(prefix) :].decode(errors="replace"))
+            if frames:
+                topic = frames[0]
+                policy = self._endpoint.policy
+                worker = next((w for n, w in self.workers.items() if topic == b"\x01" + ready_topic(n, policy)), None)
                 if worker is not None:
                     worker.subscribed.set()
                     self._settle_if_ready(worker)

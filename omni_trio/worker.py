@@ -63,7 +63,7 @@ async def serve(spec: WorkerSpec) -> None:
     replica = split_replica(spec.process)[1]
     # Every event of a replica's process says which replica it is.
     tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
-    endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer)
+    endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer, spec.secret)
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
@@ -92,11 +92,11 @@ async def _start_stages(
 ) -> dict[str, Stage]:
     from omni_trio.runtime import build_stages, connect_stages
 
-    abort = connect_sub(endpoint.context, abort_path(Path(spec.ipc_dir)))
+    abort = connect_sub(endpoint.context, abort_path(Path(spec.ipc_dir)), endpoint.policy)
     # Subscribing to our ready topic after the abort topic lets the runtime see,
     # through its XPUB socket, that the abort subscription is in place.
     abort.socket.setsockopt(zmq.SUBSCRIBE, ABORT_TOPIC)
-    abort.socket.setsockopt(zmq.SUBSCRIBE, ready_topic(spec.process))
+    abort.socket.setsockopt(zmq.SUBSCRIBE, ready_topic(spec.process, endpoint.policy))
     endpoint.adopt(abort)
     endpoint.connect_abort_channel(abort)
     config = spec.config
@@ -131,6 +131,7 @@ async def _start_stages(
             token=request.token,
             process=spec.process,
             stages={stage.address: attrs.asdict(stage.stats()) for stage in stages.values()},
+            refused_frames=endpoint.policy.auth.refused,
         )
         await endpoint.send(request.reply_to, reply)
 

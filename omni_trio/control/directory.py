@@ -65,6 +65,8 @@ class ProcessDirectory:
         self._aborts: dict[str, _Replies] = {}
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
+        #: Each worker's refused frames, as of its last stats reply.
+        self._refused: dict[str, int] = {}
         #: Submits waiting for a restarting process, by request id: an abort releases them.
         self._held: dict[str, trio.CancelScope] = {}
         endpoint.on(m.AbortDone, self._on_abort_done)
@@ -179,9 +181,14 @@ class ProcessDirectory:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
 
+    def refused_frames(self) -> dict[str, int]:
+        """Per process, the messages its sockets refused for want of this run's proof (workers: as of stats())."""
+        return {MAIN_PROCESS: self._endpoint.policy.auth.refused, **self._refused}
+
     async def _on_stats_reply(self, message: m.StatsReply) -> None:
         replies = self._stats.get(message.token)
         if replies is not None:
+            self._refused[message.process] = message.refused_frames
             replies.stages.update(message.stages)
             replies.arrived(message.process)
 

@@ -4,7 +4,10 @@ Every process of a pipeline (the caller's "main" process and each worker)
 has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
 directory that receives every control message for the process, one PUSH
 socket per peer process, and the shared-memory relays of the stages that send
-from it. Aborts arrive on the broadcast channel (PUB/SUB).
+from it. Aborts arrive on the broadcast channel (PUB/SUB). Every socket is
+built with the endpoint's :class:`~omni_trio.control.zmq_trio.SocketPolicy`
+(the run's proof on every message, the size cap), and messages go only to the
+run's own processes: a name from a message never becomes a new socket path.
 
 The endpoint puts together parts with one job each, every one built with what
 it needs: a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and
@@ -40,7 +43,7 @@ from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.zmq_trio import TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer
 
@@ -74,10 +77,11 @@ def abort_path(ipc_dir: Path) -> Path:
     return ipc_dir / "abort.sock"
 
 
-def ready_topic(process: str) -> bytes:
+def ready_topic(process: str, policy: SocketPolicy) -> bytes:
     """The subscription a worker adds after the abort topic, so the publisher can
-    see (through XPUB) that the worker's subscription to aborts is in place."""
-    return b"ready:" + process.encode()
+    see (through XPUB) that the worker's subscription to aborts is in place
+    (with the run's proof: another process cannot fake it)."""
+    return policy.auth.topic(b"ready:" + process.encode())
 
 
 def _elapsed_ms(start: float) -> float:
@@ -95,6 +99,7 @@ class Endpoint:
         placement: dict[str, str],
         shm_prefix: str,
         tracer: Tracer,
+        policy: SocketPolicy,
         credits: dict[str, int] | None = None,
         max_transfer_bytes: dict[str, int] | None = None,
         gpu_stages: frozenset[str] = frozenset(),
@@ -105,6 +110,10 @@ class Endpoint:
         self.placement = placement
         self.shm_prefix = shm_prefix
         self.tracer = tracer
+        #: The run's proof and size cap, for every socket of this process.
+        self.policy = policy
+        #: The processes of the run: the only peers a message goes to.
+        self._processes = frozenset({"main", *placement.values()})
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
         self._ctx: zmq.Context[Any] = zmq.Context()
@@ -168,7 +177,7 @@ class Endpoint:
         Shutdown messages still need the endpoint.
         """
         path = socket_path(self.ipc_dir, self.process)
-        self._pull = bind_pull(self._ctx, path)
+        self._pull = bind_pull(self._ctx, path, self.policy)
         try:
             with self._serving:
                 async with trio.open_nursery() as nursery:
@@ -217,7 +226,10 @@ class Endpoint:
     def _socket_to(self, process: str) -> TrioSocket:
         sock = self._push.get(process)
         if sock is None:
-            sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process))
+            # A name from a message (a stats request's reply_to) must not open a socket per value.
+            if process not in self._processes:
+                raise LookupError(f"{process[:80]!r} is not a process of this run")
+            sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process), self.policy)
         return sock
 
     def _process_of(self, stage: str) -> str:

@@ -6,7 +6,8 @@ Constructors validate, so an invalid message fails at the sender, and the
 codec's decoder runs the same checks on whatever arrives. Python objects
 (payloads, results, chunks) travel as ``data_ref`` maps whose pickled
 header the codec never unpickles: the receiving endpoint does, only after
-the message passed validation, on owner-only IPC sockets.
+the message's proof of this run was checked (:mod:`omni_trio.control.auth`)
+and the message passed validation, on owner-only IPC sockets.
 
 To add a message: define a frozen attrs class deriving from
 :class:`ControlMessage`, decorate it with ``@message("tag")``, use only
@@ -17,6 +18,7 @@ equal to their default are omitted on the wire).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -70,6 +72,16 @@ MAX_CHUNKS_PER_MESSAGE = 64
 def _nonempty_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not str or not value:
         raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+#: A process name (``main``, a worker's process group, a replica's ``group@r1``): it names a socket
+#: file in the run's directory, so nothing else (no ``/``, no ``..``) gets through.
+_PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(?:@r[0-9]{1,6})?")
+
+
+def _process_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not str or not _PROCESS_NAME.fullmatch(value):
+        raise ValueError(f"{attribute.name} must be a process name, got {str(value)[:80]!r}")
 
 
 def _opt_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -310,7 +322,7 @@ class AbortDone(ControlMessage):
     """Worker → coordinator: every stage of ``process`` dropped ``request_id``."""
 
     request_id: str = attrs.field(validator=_nonempty_str)
-    process: str = attrs.field(validator=_nonempty_str)
+    process: str = attrs.field(validator=_process_name)
 
 
 @message("shutdown")
@@ -324,24 +336,28 @@ class Shutdown(ControlMessage):
 class Ready(ControlMessage):
     """Worker process → runner: all its stages are built and listening."""
 
-    process: str = attrs.field(validator=_nonempty_str)
+    process: str = attrs.field(validator=_process_name)
     stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
 
 
 @message("stats_request")
 @attrs.frozen
 class StatsRequest(ControlMessage):
-    """Runner → worker: send a StatsReply with ``token`` to endpoint ``reply_to``."""
+    """Runner → worker: send a StatsReply with ``token`` to process ``reply_to`` (one of the run's)."""
 
-    reply_to: str = attrs.field(validator=_nonempty_str)
+    reply_to: str = attrs.field(validator=_process_name)
     token: int = attrs.field(validator=_exact(int))
 
 
 @message("stats_reply")
 @attrs.frozen
 class StatsReply(ControlMessage):
-    """Worker → runner: per-stage counters (``{stage: {counter: value}}``)."""
+    """Worker → runner: per-stage counters (``{stage: {counter: value}}``).
+
+    ``refused_frames``: messages the worker's sockets refused for want of this run's proof.
+    """
 
     token: int = attrs.field(validator=_exact(int))
     stages: dict[str, Any] = attrs.field(validator=_exact(dict))
     process: str = attrs.field(default="", validator=_exact(str))
+    refused_frames: int = attrs.field(default=0, validator=_nonneg_int)

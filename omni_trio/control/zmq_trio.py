@@ -34,6 +34,15 @@ relying on the broadcast.
 Endpoints are ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
 but there is a short window after ``bind`` with the umask's mode: create
 endpoints inside a private (0700) directory.
+
+Every socket of a run is built with the run's :class:`SocketPolicy`: its
+:class:`~omni_trio.control.auth.Authenticator` seals each message sent and
+checks each message received before the caller sees it (a message without
+valid proof is counted and skipped: ``recv_multipart`` never returns it), and
+its ``max_message_bytes`` is the socket's ``ZMQ_MAXMSGSIZE`` (libzmq drops
+the connection of a peer that sends a bigger frame, before buffering it) and
+the limit of each frame sent (:class:`~omni_trio.errors.MessageTooLarge`
+instead of a message the peer would refuse).
 """
 
 from __future__ import annotations
@@ -48,9 +57,13 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.control.auth import Authenticator, Frame
+from omni_trio.errors import MessageTooLarge
+
 __all__ = [
     "MAX_IPC_PATH",
     "EndpointPathTooLong",
+    "SocketPolicy",
     "TrioSocket",
     "bind_pub",
     "bind_pull",
@@ -64,11 +77,17 @@ __all__ = [
 #: keep a margin for libzmq's own bookkeeping).
 MAX_IPC_PATH = 99
 
-Frame = bytes | bytearray | memoryview | zmq.Frame
-
 
 class EndpointPathTooLong(ValueError):
     """An ipc:// socket path does not fit a Unix socket address."""
+
+
+@attrs.frozen
+class SocketPolicy:
+    """What every socket of a run applies: the process's authenticator and the largest frame accepted."""
+
+    auth: Authenticator
+    max_message_bytes: int
 
 
 @attrs.define(eq=False)
@@ -88,10 +107,25 @@ class TrioSocket:
 
     Receiving: one owning task (see module docstring). Sending: any task.
     ``close()`` wakes pending operations with ``trio.ClosedResourceError``.
+    With a ``policy``, messages are sealed and checked (see the module
+    docstring; ``sealed_receives=False`` for an XPUB, whose receives are
+    libzmq's subscriptions) and ``source`` names the socket in reports;
+    without one (a bare socket, not one of a run) frames pass as they are.
     """
 
-    def __init__(self, socket: zmq.Socket[Any]) -> None:
+    def __init__(
+        self,
+        socket: zmq.Socket[Any],
+        policy: SocketPolicy | None = None,
+        *,
+        source: str = "",
+        sealed_receives: bool = True,
+    ) -> None:
         self._sock = socket
+        self._auth = None if policy is None else policy.auth
+        self._opens = sealed_receives and self._auth is not None
+        self._max_frame = None if policy is None else policy.max_message_bytes
+        self._source = source
         self._fd = int(socket.getsockopt(zmq.FD))
         self._closed = False
         self._recv_lock = trio.Lock()
@@ -156,12 +190,25 @@ class TrioSocket:
             for waiter in self._waiters.values():
                 waiter.wake()
 
-    async def recv_multipart(self) -> list[bytes]:
-        """Receive one message (all its frames as bytes).
+    def _opened(self, frames: list[bytes]) -> list[bytes] | None:
+        if not self._opens:
+            return frames
+        assert self._auth is not None
+        return self._auth.open(frames, self._source)
 
-        Cancel-safe: a message is either returned or left in the socket.
-        Raises trio.ClosedResourceError if the socket is or gets closed.
+    async def recv_multipart(self) -> list[bytes]:
+        """Receive one message (all its frames as bytes; with a policy, one with a valid proof, without it).
+
+        Cancel-safe: a message is either returned or left in the socket (one
+        refused is consumed). Raises trio.ClosedResourceError if the socket is
+        or gets closed.
         """
+        while True:
+            opened = self._opened(await self._recv_raw())
+            if opened is not None:
+                return opened
+
+    async def _recv_raw(self) -> list[bytes]:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         try:
@@ -190,22 +237,33 @@ class TrioSocket:
         Lets the owning task take every queued message in one wake-up.
         """
         self._check_open()
-        try:
-            frames: list[bytes] = self._sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        self._after_op()
-        return frames
+        while True:
+            try:
+                frames: list[bytes] = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            self._after_op()
+            opened = self._opened(frames)
+            if opened is not None:
+                return opened
 
     async def send_multipart(self, frames: Sequence[Frame]) -> None:
         """Send one message; waits (without polling) while the socket is at its HWM.
 
         Frames of 64 KiB and more are sent without copying (pyzmq's copy
         threshold): do not mutate their buffers afterwards. Cancel-safe: the
-        message is either queued whole or not at all.
+        message is either queued whole or not at all. With a policy, a frame
+        over its ``max_message_bytes`` raises MessageTooLarge (nothing sent).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
+        if self._max_frame is not None:
+            for frame in frames:
+                size = frame.nbytes if type(frame) is memoryview else len(frame)
+                if size > self._max_frame:
+                    raise MessageTooLarge(size, self._max_frame)
+        if self._auth is not None:
+            frames = self._auth.seal(frames)
         try:
             self._sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
@@ -279,32 +337,44 @@ def ipc_endpoint(path: str | os.PathLike[str]) -> tuple[str, str]:
     return "ipc://" + raw, raw
 
 
-def _new_socket(ctx: zmq.Context[Any], kind: int, hwm: int | None) -> zmq.Socket[Any]:
+def _new_socket(ctx: zmq.Context[Any], kind: int, policy: SocketPolicy, hwm: int | None) -> zmq.Socket[Any]:
     sock: zmq.Socket[Any] = ctx.socket(kind)
     # Never let Context.term() hang on undeliverable messages.
     sock.setsockopt(zmq.LINGER, 0)
+    # libzmq drops a peer that announces a bigger frame before reading (or allocating) it.
+    sock.setsockopt(zmq.MAXMSGSIZE, policy.max_message_bytes)
     if hwm is not None:
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
     return sock
 
 
-def _bind(ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], hwm: int | None) -> TrioSocket:
+def _bind(
+    ctx: zmq.Context[Any],
+    kind: int,
+    path: str | os.PathLike[str],
+    policy: SocketPolicy,
+    hwm: int | None,
+    *,
+    sealed_receives: bool = True,
+) -> TrioSocket:
     endpoint, fs_path = ipc_endpoint(path)
-    sock = _new_socket(ctx, kind, hwm)
+    sock = _new_socket(ctx, kind, policy, hwm)
     try:
         sock.bind(endpoint)
-        # Only our user may connect (payload headers are pickled: SPEC §9 item 19).
+        # Only our user may connect (one more line of defence besides the run's proofs).
         os.chmod(fs_path, 0o600)
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock)
+    return TrioSocket(sock, policy, source=fs_path, sealed_receives=sealed_receives)
 
 
-def _connect(ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], hwm: int | None) -> TrioSocket:
-    endpoint, _ = ipc_endpoint(path)
-    sock = _new_socket(ctx, kind, hwm)
+def _connect(
+    ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], policy: SocketPolicy, hwm: int | None
+) -> TrioSocket:
+    endpoint, fs_path = ipc_endpoint(path)
+    sock = _new_socket(ctx, kind, policy, hwm)
     try:
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -312,26 +382,37 @@ def _connect(ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], hwm
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock)
+    return TrioSocket(sock, policy, source=fs_path)
 
 
-def bind_pull(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+def bind_pull(
+    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
+) -> TrioSocket:
     """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path``."""
-    return _bind(ctx, zmq.PULL, path, hwm)
+    return _bind(ctx, zmq.PULL, path, policy, hwm)
 
 
-def connect_push(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+def connect_push(
+    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
+) -> TrioSocket:
     """Connect a PUSH socket to ``ipc://path`` (the peer may bind later)."""
-    return _connect(ctx, zmq.PUSH, path, hwm)
+    return _connect(ctx, zmq.PUSH, path, policy, hwm)
 
 
-def bind_pub(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+def bind_pub(
+    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
+) -> TrioSocket:
     """Bind a PUB socket (broadcast, e.g. Abort) at ``ipc://path``. Mind the slow joiner."""
-    return _bind(ctx, zmq.PUB, path, hwm)
+    return _bind(ctx, zmq.PUB, path, policy, hwm)
 
 
 def bind_xpub(
-    ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None, verbose: bool = True
+    ctx: zmq.Context[Any],
+    path: str | os.PathLike[str],
+    policy: SocketPolicy,
+    *,
+    hwm: int | None = None,
+    verbose: bool = True,
 ) -> TrioSocket:
     """Bind an XPUB socket: a PUB whose ``recv_multipart`` yields subscriptions.
 
@@ -342,13 +423,17 @@ def bind_xpub(
     subscriber is in place too. ``verbose`` (XPUB_VERBOSE) reports every
     subscription, not only the first one per topic. The socket is used by a
     receiving task and publishing tasks at once, which TrioSocket supports.
+    Subscriptions come from libzmq and carry no proof: a topic that must
+    come from this run carries its own (:meth:`Authenticator.topic`).
     """
-    sock = _bind(ctx, zmq.XPUB, path, hwm)
+    sock = _bind(ctx, zmq.XPUB, path, policy, hwm, sealed_receives=False)
     if verbose:
         sock.socket.setsockopt(zmq.XPUB_VERBOSE, 1)
     return sock
 
 
-def connect_sub(ctx: zmq.Context[Any], path: str | os.PathLike[str], *, hwm: int | None = None) -> TrioSocket:
+def connect_sub(
+    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
+) -> TrioSocket:
     """Connect a SUB socket subscribed to everything to ``ipc://path``."""
-    return _connect(ctx, zmq.SUB, path, hwm)
+    return _connect(ctx, zmq.SUB, path, policy, hwm)

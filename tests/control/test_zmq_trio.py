@@ -13,8 +13,10 @@ import trio
 import trio.testing
 import zmq
 
+from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.zmq_trio import (
     EndpointPathTooLong,
+    SocketPolicy,
     TrioSocket,
     bind_pub,
     bind_pull,
@@ -23,6 +25,9 @@ from omni_trio.control.zmq_trio import (
     connect_sub,
     ipc_endpoint,
 )
+
+#: The sockets of a run, as the runtime builds them: every message sealed and checked.
+POLICY = SocketPolicy(FrameMac(new_secret()), 1 << 20)
 
 
 @pytest.fixture
@@ -44,7 +49,7 @@ def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
 async def test_push_pull_round_trip(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "inbox")
-        with bind_pull(ctx, path) as pull, connect_push(ctx, path) as push:
+        with bind_pull(ctx, path, POLICY) as pull, connect_push(ctx, path, POLICY) as push:
             await push.send_multipart([b"tag", b"body", b""])
             assert await pull.recv_multipart() == [b"tag", b"body", b""]
             await push.send_multipart([bytearray(b"x" * 200_000), memoryview(b"y")])  # zero-copy sized frame
@@ -58,7 +63,7 @@ async def test_many_messages_in_order_with_concurrent_senders(
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "many")
         count = 2000
-        with bind_pull(ctx, path, hwm=50) as pull, connect_push(ctx, path, hwm=50) as push:
+        with bind_pull(ctx, path, POLICY, hwm=50) as pull, connect_push(ctx, path, POLICY, hwm=50) as push:
             received: dict[bytes, list[int]] = {b"a": [], b"b": []}
 
             async def sender(name: bytes) -> None:
@@ -83,7 +88,7 @@ async def test_send_blocks_at_hwm_and_resumes(ctx: zmq.Context[zmq.Socket[bytes]
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "hwm")
         # Nobody is bound yet: messages wait in the PUSH pipe, bounded by its HWM.
-        push = connect_push(ctx, path, hwm=2)
+        push = connect_push(ctx, path, POLICY, hwm=2)
         sent = 0
         total = 20
 
@@ -100,7 +105,7 @@ async def test_send_blocks_at_hwm_and_resumes(ctx: zmq.Context[zmq.Socket[bytes]
             stuck = sent
             await trio.sleep(0.05)
             assert sent == stuck
-            with bind_pull(ctx, path, hwm=2) as pull:
+            with bind_pull(ctx, path, POLICY, hwm=2) as pull:
                 got = [await pull.recv_multipart() for _ in range(total)]
         assert got == [[b"%d" % i] for i in range(total)]
         push.close()
@@ -109,7 +114,7 @@ async def test_send_blocks_at_hwm_and_resumes(ctx: zmq.Context[zmq.Socket[bytes]
 async def test_pub_sub_delivery_after_subscription(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "abort")
-        with bind_pub(ctx, path) as pub, connect_sub(ctx, path) as sub:
+        with bind_pub(ctx, path, POLICY) as pub, connect_sub(ctx, path, POLICY) as sub:
             # Slow joiner: publish probes until the subscription has propagated.
             subscribed = trio.Event()
 
@@ -135,7 +140,7 @@ async def test_pub_sub_delivery_after_subscription(ctx: zmq.Context[zmq.Socket[b
 async def test_xpub_reports_subscriptions_while_publishing(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "xpub")
-        with bind_xpub(ctx, path) as xpub:
+        with bind_xpub(ctx, path, POLICY) as xpub:
             subscriptions: list[bytes] = []
             seen_ready = trio.Event()
 
@@ -149,7 +154,7 @@ async def test_xpub_reports_subscriptions_while_publishing(ctx: zmq.Context[zmq.
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch)
                 await trio.testing.wait_all_tasks_blocked()
-                with connect_sub(ctx, path) as sub:
+                with connect_sub(ctx, path, POLICY) as sub:
                     sub.socket.setsockopt(zmq.SUBSCRIBE, b"ready:p1")  # handshake topic, last
                     await seen_ready.wait()
                     # The handshake proves the subscription is in place: nothing is lost.
@@ -161,7 +166,7 @@ async def test_xpub_reports_subscriptions_while_publishing(ctx: zmq.Context[zmq.
 
 async def test_close_wakes_a_pending_recv(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
-        pull = bind_pull(ctx, os.path.join(ipc_dir, "closing"))
+        pull = bind_pull(ctx, os.path.join(ipc_dir, "closing"), POLICY)
         outcome: list[str] = []
 
         async def receiver() -> None:
@@ -230,7 +235,7 @@ async def test_send_and_recv_waiting_on_one_socket(ctx: zmq.Context[zmq.Socket[b
 async def test_cancelled_recv_loses_nothing(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "cancel")
-        with bind_pull(ctx, path) as pull, connect_push(ctx, path) as push:
+        with bind_pull(ctx, path, POLICY) as pull, connect_push(ctx, path, POLICY) as push:
             with trio.move_on_after(0.02):
                 await pull.recv_multipart()
             await push.send_multipart([b"after"])
@@ -241,7 +246,7 @@ async def test_bound_socket_file_is_private(ctx: zmq.Context[zmq.Socket[bytes]],
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "private")
         for bind in (bind_pull, bind_pub, bind_xpub):
-            with bind(ctx, path):
+            with bind(ctx, path, POLICY):
                 mode = os.stat(path).st_mode
                 assert stat.S_ISSOCK(mode)
                 assert stat.S_IMODE(mode) == 0o600
@@ -251,6 +256,64 @@ def test_ipc_path_too_long(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     long_path = "/tmp/" + "x" * 120
     for helper in (bind_pull, connect_push, bind_pub, bind_xpub, connect_sub):
         with pytest.raises(EndpointPathTooLong, match="limit is 99"):
-            helper(ctx, long_path)
+            helper(ctx, long_path, POLICY)
     assert ipc_endpoint("ipc:///tmp/a") == ("ipc:///tmp/a", "/tmp/a")
     assert ipc_endpoint("/tmp/" + "y" * 94)[1].endswith("y")
+
+
+async def test_messages_without_the_runs_proof_are_refused(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    auth = FrameMac(new_secret())
+    other_run = FrameMac(new_secret())
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "sealed")
+        with bind_pull(ctx, path, SocketPolicy(auth, 1 << 20)) as pull:
+            raw = ctx.socket(zmq.PUSH)  # one connection: what it sends arrives in order
+            raw.connect(f"ipc://{path}")
+            try:
+                good = auth.seal([b"tag", b"body"])
+                forged = [
+                    [b"tag", b"body"],  # no proof
+                    [b"tag", b"body", b"\x00" * 16],  # a made-up one
+                    other_run.seal([b"tag", b"body"]),  # another run's
+                    [b"tag", b"bodx", good[-1]],  # a changed body
+                    [b"tagbody", good[-1]],  # frames joined
+                    [b"tag", b"bo", b"dy", good[-1]],  # frames split
+                    [good[-1]],  # the proof alone
+                    [bytes(good[-1])[:8]],  # truncated
+                ]
+                for frames in forged:
+                    raw.send_multipart(frames)
+                raw.send_multipart(auth.seal([b"after"]))
+                # Each refused message is consumed and skipped: the first one returned is the genuine one.
+                assert await pull.recv_multipart() == [b"after"]
+                assert auth.refused == len(forged)
+                raw.send_multipart([b"x"])
+                raw.send_multipart(good)
+                with trio.fail_after(5):
+                    while (frames := pull.recv_nowait()) is None:  # recv_nowait skips the forged one too
+                        await trio.sleep(0.001)
+                assert frames == [b"tag", b"body"]
+                assert auth.refused == len(forged) + 1
+            finally:
+                raw.close(linger=0)
+
+
+async def test_frames_over_the_cap_are_refused_by_both_ends(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
+    from omni_trio.errors import MessageTooLarge
+
+    auth = FrameMac(new_secret())
+    policy = SocketPolicy(auth, 64 * 1024)
+    with trio.fail_after(10):
+        path = os.path.join(ipc_dir, "capped")
+        with bind_pull(ctx, path, policy) as pull, connect_push(ctx, path, policy) as push:
+            with pytest.raises(MessageTooLarge, match="max_message_bytes"):
+                await push.send_multipart([b"tag", b"x" * (64 * 1024 + 1)])
+            raw = ctx.socket(zmq.PUSH)
+            raw.connect(f"ipc://{path}")
+            try:
+                raw.send_multipart(auth.seal([b"big", b"x" * (1 << 20)]))  # libzmq drops this peer unread
+                await push.send_multipart([b"tag", b"x" * (64 * 1024)])  # at the cap: fine
+                assert await pull.recv_multipart() == [b"tag", b"x" * (64 * 1024)]
+                assert pull.socket.getsockopt(zmq.MAXMSGSIZE) == 64 * 1024
+            finally:
+                raw.close(linger=0)

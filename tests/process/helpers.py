@@ -16,6 +16,7 @@ import trio
 
 import omni_trio as ot
 from omni_trio import runtime
+from omni_trio.control.auth import FrameMac
 
 #: Where POSIX shared-memory segments live, and the prefix of every omni-trio segment.
 SHM_DIR = Path("/dev/shm")
@@ -105,13 +106,21 @@ def kill_workers(keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
     return killed
 
 
+def _spec(ipc: Path) -> Any:
+    with open(next(ipc.glob("*.spec")), "rb") as handle:
+        return pickle.load(handle)
+
+
 def run_prefix(ipc: Path) -> str:
     """The shared-memory name prefix of the run whose IPC directory is ``ipc``
     (receivers accept only segments named under it), read from a worker's spec file."""
-    spec_file = next(ipc.glob("*.spec"))
-    with open(spec_file, "rb") as handle:
-        spec = pickle.load(handle)
-    return str(spec.shm_prefix).rsplit("-", 1)[0]  # "<run prefix>-<process index>"
+    return str(_spec(ipc).shm_prefix).rsplit("-", 1)[0]  # "<run prefix>-<process index>"
+
+
+def run_auth(ipc: Path) -> FrameMac:
+    """The authenticator of the run whose IPC directory is ``ipc``, from the secret in a worker's
+    spec file (a process that reads the run's files can seal messages; one that can only connect cannot)."""
+    return FrameMac(_spec(ipc).secret)
 
 
 @contextlib.contextmanager

@@ -284,8 +284,9 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
                     # Stopped, the worker finds the whole burst queued when it resumes: one receive batch.
                     os.kill(worker, signal.SIGSTOP)
                     try:
+                        auth = helpers.run_auth(ipc)  # what the upstream would have sent carries the run's proof
                         for frames in burst:
-                            push.send_multipart(frames)
+                            push.send_multipart(auth.seal(frames))
                         await trio.sleep(0.2)
                     finally:
                         os.kill(worker, signal.SIGCONT)
