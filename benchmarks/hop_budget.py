@@ -24,6 +24,7 @@ import zmq
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import decode_object, encode_inline
 from omni_trio.control import messages as m
+from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.codec import decode, encode
 from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.scheduling import IncomingMessage, SimpleScheduler
@@ -61,6 +62,9 @@ def codec_steps() -> dict[str, float]:
     frames = encode(msg)
     decoded = decode(frames)
     assert isinstance(decoded, m.DataReady)
+    auth = FrameMac(new_secret())
+    sealed = [bytes(frame) for frame in auth.seal(frames)]
+    assert auth.open(sealed, "bench") == frames
 
     async def read() -> object:
         return await decode_object(ref)
@@ -79,6 +83,8 @@ def codec_steps() -> dict[str, float]:
             lambda: m.DataReady(request_id="req-000001", from_stage="s0", to_stage="s1", data_ref=wire)
         ),
         "send: codec.encode": per_call_us(lambda: encode(msg)),
+        "send: seal (the run's proof, keyed BLAKE2b)": per_call_us(lambda: auth.seal(frames)),
+        "recv: open (check the proof)": per_call_us(lambda: auth.open(sealed, "bench")),
         "recv: codec.decode": per_call_us(lambda: decode(frames)),
         "recv: DataRef.from_wire": per_call_us(lambda: DataRef.from_wire(wire)),
         "recv: decode_object (unpickle payload)": per_call_us(run_read),

@@ -67,6 +67,17 @@ def test_process_names_name_files_and_main_is_the_callers() -> None:
     ]
 
 
+@pytest.mark.parametrize("bad", [0, 65535, -1, True, 1.5, "64MiB", None])
+def test_the_message_size_cap_must_let_inline_messages_through(bad: object) -> None:
+    endpoints = ot.EndpointsConfig(max_message_bytes=bad)  # type: ignore[arg-type]
+    assert problems_of(stages=[stage("a", "f", terminal=True)], endpoints=endpoints) == [
+        "endpoints.max_message_bytes: expected a whole number of bytes >= 65536 (inline messages must fit), "
+        f"got {bad!r}"
+    ]
+    assert ot.EndpointsConfig().max_message_bytes == 64 << 20
+    ot.PipelineConfig(stages=[stage("a", "f", terminal=True)], endpoints=ot.EndpointsConfig(max_message_bytes=65536))
+
+
 def test_hooks_must_be_importable_names() -> None:
     problems = problems_of(stages=[ot.StageConfig(name="a", factory_path=lambda: None, terminal=True)])
     assert len(problems) == 1 and problems[0].startswith("stages[0].factory_path:")

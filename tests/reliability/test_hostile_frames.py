@@ -136,6 +136,10 @@ async def test_a_frame_whose_header_would_run_code_runs_nothing(ipc_base: Path) 
           f"refused_worker={counts['p_b']} refused_main={counts['main']} code_ran=0")
 
 
+#: Each genuine message is forged six ways per round.
+ROUNDS = 10
+
+
 def _hostile(rng: random.Random, genuine: list[list[bytes]], ours: FrameMac, theirs: FrameMac) -> list[list[bytes]]:
     """One of each kind per genuine message: no proof, garbage proof, another run's proof, tampered
     body, moved frame boundary, and random garbage frames."""
@@ -189,8 +193,8 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
                     encode(m.StatsReply(token=0, stages={}, process="p_b", refused_frames=0)),
                     encode(m.AbortDone(request_id="g", process="p_b")),
                 ]
-                worker_frames = _hostile(rng, to_worker, ours, theirs)
-                main_frames = _hostile(rng, to_main, ours, theirs)
+                worker_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_worker, ours, theirs)]
+                main_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_main, ours, theirs)]
                 worker_sock, main_sock = _push(context, ipc / "p_b.sock"), _push(context, ipc / "main.sock")
                 for frames in worker_frames:
                     worker_sock.send_multipart(frames)
