@@ -1,0 +1,73 @@
+"""The run's proof (omni_trio/control/auth.py): what it covers, what it refuses, what it reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zmq
+
+from omni_trio.control.auth import MAC_BYTES, FrameMac, new_secret
+from omni_trio.tracing import Tracer, read_trace
+
+
+def test_a_sealed_message_opens_whatever_buffer_type_it_was_sent_as() -> None:
+    auth = FrameMac(new_secret())
+    frames = [b"tag", b"body" * 100, b""]
+    for as_sent in (frames, [bytearray(f) for f in frames], [memoryview(f) for f in frames],
+                    [zmq.Frame(f) for f in frames]):
+        sealed = auth.seal(as_sent)
+        assert len(sealed) == len(frames) + 1 and len(sealed[-1]) == MAC_BYTES
+        received = [bytes(f) if not isinstance(f, zmq.Frame) else f.bytes for f in sealed]
+        assert auth.open(received, "test") == frames
+    assert auth.refused == 0
+
+
+def test_every_change_is_refused_and_counted() -> None:
+    auth, other = FrameMac(new_secret()), FrameMac(new_secret())
+    sealed = [bytes(f) for f in auth.seal([b"ab", b"cd"])]
+    mac = sealed[-1]
+    bad = [
+        [b"ab", b"cd"],
+        [b"ab", b"cd", mac[:-1]],
+        [b"ab", b"ce", mac],
+        [b"abc", b"d", mac],
+        [b"ab", b"cd", b"", mac],
+        [b"cd", b"ab", mac],
+        [bytes(f) for f in other.seal([b"ab", b"cd"])],
+        [mac],
+        [],
+    ]
+    for frames in bad:
+        assert auth.open(frames, "test") is None
+    assert auth.refused == len(bad)
+    assert auth.open(sealed, "test") == [b"ab", b"cd"]
+
+
+def test_topics_are_per_run_and_per_name_and_not_message_proofs() -> None:
+    secret = new_secret()
+    auth = FrameMac(secret)
+    topic = auth.topic(b"ready:p_b")
+    assert topic.startswith(b"ready:p_b:") and topic == FrameMac(secret).topic(b"ready:p_b")
+    assert topic != FrameMac(new_secret()).topic(b"ready:p_b")
+    assert topic != auth.topic(b"ready:p_c")
+    proof = bytes.fromhex(topic.rsplit(b":", 1)[1].decode())
+    assert auth.open([b"ready:p_b", proof], "test") is None  # a topic's proof does not seal a message
+
+
+def test_a_secret_is_32_bytes() -> None:
+    with pytest.raises(ValueError, match="32 bytes"):
+        FrameMac(b"short")
+    assert new_secret() != new_secret()
+
+
+def test_each_refusal_is_traced_with_the_running_count(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    tracer = Tracer(path, "main")
+    auth = FrameMac(new_secret(), process="main", tracer=tracer)
+    for _ in range(5):
+        auth.open([b"x", b"y"], "/run/main.sock")
+    tracer.close()
+    events = [e for e in read_trace(path) if e["event"] == "frame_refused"]
+    assert [e["refused"] for e in events] == [1, 2, 3, 4, 5]
+    assert events[0]["socket"] == "/run/main.sock" and events[0]["process"] == "main"
