@@ -77,6 +77,8 @@ __all__ = [
 #: keep a margin for libzmq's own bookkeeping).
 MAX_IPC_PATH = 99
 
+IpcPath = str | os.PathLike[str]
+
 
 class EndpointPathTooLong(ValueError):
     """An ipc:// socket path does not fit a Unix socket address."""
@@ -114,11 +116,7 @@ class TrioSocket:
     """
 
     def __init__(
-        self,
-        socket: zmq.Socket[Any],
-        policy: SocketPolicy | None = None,
-        *,
-        source: str = "",
+        self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "",
         sealed_receives: bool = True,
     ) -> None:
         self._sock = socket
@@ -318,7 +316,7 @@ class TrioSocket:
         self.close()
 
 
-def ipc_endpoint(path: str | os.PathLike[str]) -> tuple[str, str]:
+def ipc_endpoint(path: IpcPath) -> tuple[str, str]:
     """Return ``(endpoint, filesystem_path)`` for an ipc path (``ipc://`` optional).
 
     Raises EndpointPathTooLong when the path does not fit a Unix socket address.
@@ -350,13 +348,7 @@ def _new_socket(ctx: zmq.Context[Any], kind: int, policy: SocketPolicy, hwm: int
 
 
 def _bind(
-    ctx: zmq.Context[Any],
-    kind: int,
-    path: str | os.PathLike[str],
-    policy: SocketPolicy,
-    hwm: int | None,
-    *,
-    sealed_receives: bool = True,
+    ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None, *, sealed_receives: bool
 ) -> TrioSocket:
     endpoint, fs_path = ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
@@ -370,9 +362,7 @@ def _bind(
     return TrioSocket(sock, policy, source=fs_path, sealed_receives=sealed_receives)
 
 
-def _connect(
-    ctx: zmq.Context[Any], kind: int, path: str | os.PathLike[str], policy: SocketPolicy, hwm: int | None
-) -> TrioSocket:
+def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
     endpoint, fs_path = ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
     try:
@@ -385,34 +375,23 @@ def _connect(
     return TrioSocket(sock, policy, source=fs_path)
 
 
-def bind_pull(
-    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
-) -> TrioSocket:
+def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path``."""
-    return _bind(ctx, zmq.PULL, path, policy, hwm)
+    return _bind(ctx, zmq.PULL, path, policy, hwm, sealed_receives=True)
 
 
-def connect_push(
-    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
-) -> TrioSocket:
+def connect_push(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Connect a PUSH socket to ``ipc://path`` (the peer may bind later)."""
     return _connect(ctx, zmq.PUSH, path, policy, hwm)
 
 
-def bind_pub(
-    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
-) -> TrioSocket:
+def bind_pub(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Bind a PUB socket (broadcast, e.g. Abort) at ``ipc://path``. Mind the slow joiner."""
-    return _bind(ctx, zmq.PUB, path, policy, hwm)
+    return _bind(ctx, zmq.PUB, path, policy, hwm, sealed_receives=True)
 
 
 def bind_xpub(
-    ctx: zmq.Context[Any],
-    path: str | os.PathLike[str],
-    policy: SocketPolicy,
-    *,
-    hwm: int | None = None,
-    verbose: bool = True,
+    ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None, verbose: bool = True
 ) -> TrioSocket:
     """Bind an XPUB socket: a PUB whose ``recv_multipart`` yields subscriptions.
 
@@ -432,8 +411,6 @@ def bind_xpub(
     return sock
 
 
-def connect_sub(
-    ctx: zmq.Context[Any], path: str | os.PathLike[str], policy: SocketPolicy, *, hwm: int | None = None
-) -> TrioSocket:
+def connect_sub(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Connect a SUB socket subscribed to everything to ``ipc://path``."""
     return _connect(ctx, zmq.SUB, path, policy, hwm)
