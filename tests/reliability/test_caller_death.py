@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import omni_trio as ot
 from omni_trio.comm.ownership import OWNER_FILE, Owner, boot_id, new_run_prefix
@@ -245,3 +247,88 @@ def test_run_prefixes_name_their_owner() -> None:
     assert me is not None and prefix.startswith(f"omnitrio-{me.pid}.{me.start}.{me.pidns}.")
     assert me.alive() and not Owner(me.pid, me.start + 1, me.pidns).alive()
     assert Owner(me.pid, me.start + 1, me.pidns + 1).alive()  # another pid namespace: not provable
+
+
+async def test_sigterm_in_process_ends_every_open_pipeline_then_restores_the_default(ipc_base: Path) -> None:
+    """Two pipelines open at once (one embedded, one with a worker) share the handler: SIGTERM
+    ends both, ``ot.Terminated`` (status 143) comes out, and SIGTERM's default action is back."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("the test runner handles SIGTERM itself")
+    embedded = ot.PipelineConfig(
+        stages=[ot.StageConfig(name="slow", factory_path="tests.stages.create_block_until_aborted", terminal=True)]
+    )
+    in_worker = helpers.config(
+        ipc_base, ot.StageConfig(name="slow", factory_path="tests.stages.create_block_until_aborted",
+                                 process="p_slow", terminal=True),
+    )
+    outcomes: list[str] = []
+
+    async def submit(pipeline: ot.Coordinator, rid: str) -> None:
+        try:
+            await pipeline.submit(rid, "x")
+        except trio.Cancelled:
+            outcomes.append(rid)
+            raise
+
+    with trio.fail_after(30), pytest.raises(ot.Terminated) as caught:
+        async with ot.open_pipeline(embedded) as first, ot.open_pipeline(in_worker) as second:
+            # Never SIGTERM ourselves unless the runtime took it (else the test run would die).
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(submit, first, "r1")
+                nursery.start_soon(submit, second, "r2")
+                await trio.testing.wait_all_tasks_blocked()
+                os.kill(os.getpid(), signal.SIGTERM)
+                await trio.sleep_forever()
+    assert caught.value.code == 143
+    assert sorted(outcomes) == ["r1", "r2"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+async def test_omni_trio_run_on_sigterm_exits_143_and_leaves_nothing(ipc_base: Path, tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.json"
+    config.write_text(json.dumps({
+        "stages": [{"name": "blocker", "factory_path": "tests.stages.create_block_and_report_abort",
+                    "process": "p_block", "terminal": True}],
+        "endpoints": {"base_path": str(ipc_base)},
+    }))
+    pid_file = tmp_path / "pid"
+    with trio.fail_after(60):
+        program = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "omni_trio", "run", str(config), "--input", "x", "--app-dir", str(REPO),
+             "--params", json.dumps({"pid_file": str(pid_file)})],
+            cwd=REPO, start_new_session=True, stderr=subprocess.PIPE,
+        )
+        try:
+            blocker = int(await helpers.wait_for_file(pid_file, timeout=50))
+            os.kill(program.pid, signal.SIGTERM)
+            returncode = await program.wait()
+        finally:
+            if program.returncode is None:
+                program.kill()
+                with trio.CancelScope(shield=True):
+                    await program.wait()
+        assert program.stderr is not None
+        stderr = (await program.stderr.receive_some(1 << 20)).decode(errors="replace")
+    assert returncode == 143 and "terminated (SIGTERM)" in stderr and "Traceback" not in stderr, stderr
+    assert (tmp_path / "pid.aborted").read_text() == "aborted"
+    assert not helpers.running(blocker) and helpers.ipc_dirs(ipc_base) == [] and run_segments(program.pid) == {}
+
+
+def test_omni_trio_reclaim_removes_only_provably_dead_runs(ipc_base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omni_trio import cli
+
+    me = Owner.current()
+    assert me is not None
+    dead_dir, dead_segment = _plant_run(ipc_base, Owner(me.pid, me.start - 1, me.pidns), "reused")
+    live_dir, live_segment = _plant_run(ipc_base, me, "live")
+    try:
+        assert cli.main(["reclaim", "--base", str(ipc_base)]) == 0
+        out = capsys.readouterr().out
+        assert f"removed {dead_dir}" in out and "1 IPC directory and 1 shared-memory segment(s)" in out, out
+        assert not dead_dir.exists() and not dead_segment.exists()
+        assert live_dir.exists() and live_segment.exists()
+    finally:
+        live_segment.unlink(missing_ok=True)
+        (live_dir / OWNER_FILE).unlink(missing_ok=True)
+        live_dir.rmdir()
