@@ -20,6 +20,7 @@ import os
 import pickle
 import select
 import signal
+import stat
 import sys
 import threading
 import traceback
@@ -46,7 +47,7 @@ def watch_owner(spec: WorkerSpec) -> None:
 
     Runs in a thread of its own, so that a trio loop stuck in user code (or
     still importing) does not delay it. Two signs, either is enough: EOF on
-    our stdin pipe (the runtime holds its write end and never writes) and a
+    our stdin pipe (the runtime holds its write end and never writes), and a
     pidfd of the run's owner becoming readable (the owner's pid and start
     time are in the run prefix; a pid reused by another process does not
     count). ``PR_SET_PDEATHSIG`` is not used: it fires when the spawning
@@ -59,7 +60,9 @@ def watch_owner(spec: WorkerSpec) -> None:
     run_prefix = spec.shm_prefix.rsplit("-", 1)[0]  # "<run prefix>-<process index>"
     poller = select.poll()
     stdin = sys.stdin.fileno()
-    poller.register(stdin, select.POLLIN)
+    # Only a pipe's EOF means anything: a worker started another way may have /dev/null there.
+    if stat.S_ISFIFO(os.fstat(stdin).st_mode):
+        poller.register(stdin, select.POLLIN)
     gone = False
     owner = owner_of_prefix(run_prefix)
     if owner is not None:

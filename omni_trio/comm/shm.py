@@ -45,8 +45,13 @@ every segment in the creating *and* every attaching process and "cleans up"
 (unlinks) segments another process still needs, with warnings at exit
 (SPEC §8.7 [FIX]). Plain ``os.open`` + ``mmap`` has no tracker; leftovers
 after a crash are removed by the supervisor with :func:`remove_segments`,
-which is why every name starts with a caller-chosen prefix
-(``"omnitrio-<runid>-<pid>"``).
+which is why every name starts with a caller-chosen prefix (the run's, see
+:mod:`omni_trio.comm.ownership`, then the process and relay numbers).
+
+Only the owner removes a segment: every unlink here checks that the name is
+a regular file of our effective uid and, where we created or opened it, the
+very same file (device and inode); a name that is taken when we create a
+segment raises :class:`SegmentExists` and the file is left alone.
 
 Copies of 1 MiB and more run in a worker thread (``trio.to_thread``) so that
 co-located stages and ACKs are not stalled (SPEC §9 item 9); so do the
@@ -456,7 +461,7 @@ class ShmRelay:
     """Sender side of the shared-memory relay, with per-target credits and a slot pool.
 
     ``prefix`` names every segment (``f"{prefix}-{counter}"``); make it unique
-    per process (``"omnitrio-<runid>-<pid>"``). ``credits_per_target`` is how
+    per relay (``"<run prefix>-<process>-<relay>"``). ``credits_per_target`` is how
     many puts to one target may be outstanding (put but not settled);
     ``max_transfer_bytes`` bounds one transfer; ``pool_bytes`` bounds the
     pooled slots (0, the default here, disables pooling: every transfer is
