@@ -192,12 +192,14 @@ def reclaim_dead_runs(base_dirs: Iterable[Path]) -> Reclaimed:
         names = os.listdir(SHM_DIR)
     except OSError:
         names = []
+    checked: set[str] = set()  # one look at /proc per run, however many segments it has
     for name in names:
         match = _RUN_PREFIX_RE.match(name)
-        if match is None or match.group(0) in dead:
+        if match is None or match.group(0) in checked:
             continue
-        owner = owner_of_prefix(match.group(0))
-        if owner is not None and not owner.alive():
-            dead.add(match.group(0))
-            segments += remove_segments(match.group(0))
+        prefix = match.group(0)
+        checked.add(prefix)
+        owner = owner_of_prefix(prefix)
+        if prefix not in dead and owner is not None and not owner.alive():
+            segments += remove_segments(prefix)
     return Reclaimed(sorted(directories), sorted(segments))

@@ -208,39 +208,6 @@ async def test_a_later_pipeline_reclaims_only_runs_it_can_prove_dead(ipc_base: P
     assert helpers.ipc_dirs(ipc_base) == [] and run_segments(live.pid) == {}
 
 
-async def test_a_planted_segment_name_is_never_removed_by_the_runtime(ipc_base: Path) -> None:
-    """The caller's first pooled slot and first one-shot segment have names the runtime would use:
-    a file planted there first is not adopted, not written and not unlinked; the transfers still go."""
-    config = helpers.config(
-        ipc_base,
-        ot.StageConfig(name="sum", factory_path="tests.stages.create_sum_inputs", process="p_sum", terminal=True),
-    )
-    import torch
-
-    with trio.fail_after(60):
-        async with ot.open_pipeline(config) as pipeline:
-            record = json.loads((helpers.ipc_dir(ipc_base) / OWNER_FILE).read_text())
-            relay = f"{record['run_prefix']}-0-0"  # the caller (process 0), its first relay
-            planted = [Path(SHM_DIR) / f"{relay}-p0", Path(SHM_DIR) / f"{relay}-1"]
-            for path in planted:
-                path.write_bytes(b"planted")
-            if os.geteuid() == 0:
-                os.chown(planted[1], OTHER_UID, OTHER_UID)
-            before = [(p.stat().st_ino, p.stat().st_uid) for p in planted]
-            # Slot p0 is taken: a one-shot segment instead; its name is taken too: the put fails.
-            with pytest.raises(Exception, match="exists already"):
-                await pipeline.submit("r0", {"t": torch.ones(1 << 18)})
-            result = await pipeline.submit("r1", {"t": torch.ones(1 << 18)})
-            assert result == {"sum": float(1 << 18), "numel": 1 << 18}
-            assert [(p.stat().st_ino, p.stat().st_uid) for p in planted] == before
-            assert [p.read_bytes() for p in planted] == [b"planted", b"planted"]
-        # The run's own sweep at exit removes its prefix's files of our uid, never another user's.
-        if os.geteuid() == 0:
-            assert planted[1].read_bytes() == b"planted"
-        for path in planted:
-            path.unlink(missing_ok=True)
-
-
 def test_run_prefixes_name_their_owner() -> None:
     prefix = new_run_prefix()
     me = Owner.current()
