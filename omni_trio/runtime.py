@@ -269,7 +269,11 @@ def _make_ipc_dir(config: PipelineConfig, run_prefix: str) -> Path:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.name or "pipeline")[:24]
     # mkdtemp creates the directory owner-only (0700): only we may reach its sockets.
     ipc_dir = Path(tempfile.mkdtemp(prefix=f"omnitrio-{name}-", dir=base))
-    write_owner_record(ipc_dir, run_prefix)
+    try:
+        write_owner_record(ipc_dir, run_prefix)
+    except BaseException:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise
     return ipc_dir
 
 
