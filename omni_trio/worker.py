@@ -45,8 +45,8 @@ from omni_trio.tracing import Tracer
 def watch_owner(spec: WorkerSpec) -> None:
     """Block until the runtime's process is gone; then remove the run's files and exit 1.
 
-    Runs in a thread of its own, so that a trio loop stuck in user code (or
-    still importing) does not delay it. Two signs, either is enough: EOF on
+    Runs in a thread of its own (started first thing in :func:`serve`), so
+    that a trio loop stuck in user code or still importing does not delay it. Two signs, either is enough: EOF on
     our stdin pipe (the runtime holds its write end and never writes), and a
     pidfd of the run's owner becoming readable (the owner's pid and start
     time are in the run prefix; a pid reused by another process does not
@@ -88,9 +88,11 @@ def watch_owner(spec: WorkerSpec) -> None:
 
 
 async def serve(spec: WorkerSpec) -> None:
-    """Run the worker's stages until the runtime says Shutdown."""
+    """Run the worker's stages until the runtime says Shutdown (or its process is gone: :func:`watch_owner`)."""
     from omni_trio.runtime import endpoint_for
 
+    # Here, not in main(): however the worker was started, it watches its owner before anything else.
+    threading.Thread(target=watch_owner, args=(spec,), name="omni-trio-owner-watch", daemon=True).start()
     replica = split_replica(spec.process)[1]
     # Every event of a replica's process says which replica it is.
     tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
@@ -184,7 +186,6 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with open(args[0], "rb") as handle:
         spec: WorkerSpec = pickle.load(handle)
-    threading.Thread(target=watch_owner, args=(spec,), name="omni-trio-owner-watch", daemon=True).start()
     sys.path[:0] = [p for p in spec.sys_path if p not in sys.path]
     try:
         trio.run(serve, spec)
