@@ -34,6 +34,7 @@ from omni_trio.errors import (
     RequestTimeout,
     StageProcessDied,
     StageStartupError,
+    Terminated,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
@@ -108,6 +109,7 @@ __all__ = [
     "StreamItem",
     "StreamMessage",
     "StreamingSimpleScheduler",
+    "Terminated",
     "ThreadedSimpleScheduler",
     "TimedChunk",
     "load_config",

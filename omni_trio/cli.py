@@ -8,9 +8,11 @@ Commands (see docs/cli.md)::
     omni-trio trace export TRACE -o timeline.json
     omni-trio serve CONFIG [--host 127.0.0.1] [--port 8000] [--deadline S] [--trace FILE]
     omni-trio bench [--quick] [--json PATH] [--only W1,W4,...]
+    omni-trio reclaim [--base DIR ...]
 
 Exit codes: 0 ok, 1 the request failed (or the pipeline did), 2 a usage or
-config error, 130 interrupted (Ctrl-C). Errors go to stderr.
+config error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM; the pipeline
+was shut down as on Ctrl-C). Errors go to stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +34,7 @@ import trio
 from omni_trio import traceview
 from omni_trio.config import PipelineConfig, check_imports
 from omni_trio.configfile import load_config
-from omni_trio.errors import ConfigError, OmniTrioError
+from omni_trio.errors import ConfigError, OmniTrioError, Terminated
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.tracing import read_trace, trace_files
 
@@ -39,6 +42,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 #: Tensors with at most this many elements are written out in full by ``--json``; larger ones as a summary.
 JSON_TENSOR_LIMIT = 1024
@@ -252,6 +256,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         leaves = _leaves(group)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             raise KeyboardInterrupt from None
+        if any(isinstance(leaf, Terminated) for leaf in leaves):
+            raise Terminated() from None
         if all(isinstance(leaf, OmniTrioError) for leaf in leaves):
             for leaf in leaves:
                 _err(f"error: {leaf}")
@@ -285,6 +291,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # the address is taken, or not ours to bind
         _err(f"error: cannot listen on {args.host}:{args.port}: {exc}")
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    """``omni-trio reclaim [--base DIR ...]``: remove what runs of provably dead processes left behind."""
+    from omni_trio.comm.ownership import reclaim_dead_runs
+
+    reclaimed = reclaim_dead_runs([Path(base) for base in args.base or [tempfile.gettempdir()]])
+    for directory in reclaimed.directories:
+        print(f"removed {directory}")
+    print(f"removed {len(reclaimed.directories)} IPC director{'y' if len(reclaimed.directories) == 1 else 'ies'} "
+          f"and {len(reclaimed.segments)} shared-memory segment(s) of dead runs")
     return EXIT_OK
 
 
@@ -395,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-trio",
         description="Validate and run omni-trio pipeline configs, and read their traces.",
-        epilog="exit codes: 0 ok, 1 request failed, 2 usage or config error, 130 interrupted",
+        epilog="exit codes: 0 ok, 1 request failed, 2 usage or config error, 130 interrupted, 143 terminated",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -459,6 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to write the results (default: out/bench.json)")
     bench.add_argument("--only", metavar="LIST", help="comma-separated workloads: W1..W8, floor, idle")
     bench.set_defaults(handler=cmd_bench)
+
+    reclaim = commands.add_parser("reclaim", help="remove what runs of dead processes left (temp dir, /dev/shm)",
+                                  description="Remove the IPC directories and shared-memory segments of omni-trio "
+                                              "runs whose owner process is provably gone (pid and start time), of "
+                                              "this user only. open_pipeline does the same when it starts.")
+    reclaim.add_argument("--base", action="append", metavar="DIR",
+                         help="a directory that holds IPC directories (endpoints.base_path; default: the temp dir); "
+                              "repeatable")
+    reclaim.set_defaults(handler=cmd_reclaim)
     return parser
 
 
@@ -480,3 +507,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
+    except Terminated:
+        _err("terminated (SIGTERM)")
+        return EXIT_TERMINATED

@@ -155,3 +155,19 @@ class MessageTooLarge(OmniTrioError, ValueError):
 
 class PipelineClosed(OmniTrioError):
     """The pipeline is closed or has failed; it accepts no more requests."""
+
+
+class Terminated(SystemExit):
+    """The pipeline's process got SIGTERM: the pipeline was shut down as on Ctrl-C, then this is raised.
+
+    A :class:`SystemExit` (not an :class:`OmniTrioError`: like ``KeyboardInterrupt``,
+    ``except Exception`` does not swallow it) with status 143 (128 + SIGTERM, the
+    conventional status of a program that shut down on SIGTERM); a program that
+    does not catch it exits with that status, without a traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(143)
+
+    def __str__(self) -> str:
+        return "terminated by SIGTERM (the pipeline was shut down)"

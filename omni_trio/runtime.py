@@ -13,7 +13,6 @@ import functools
 import inspect
 import os
 import re
-import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterable
@@ -23,6 +22,7 @@ from typing import Any
 
 import trio
 
+from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
@@ -32,14 +32,17 @@ from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
 from omni_trio.control.zmq_trio import SocketPolicy
 from omni_trio.coordinator import Coordinator
-from omni_trio.errors import StageProcessDied, StageStartupError
+from omni_trio.errors import StageProcessDied, StageStartupError, Terminated
 from omni_trio.payload import StagePayload
 from omni_trio.replicas import ReplicaDispatcher
+from omni_trio.sigterm import cancel_on_sigterm
 from omni_trio.stage.links import CoordinatorLink, LocalCoordinatorLink, LocalStageLink, StageLink
 from omni_trio.stage.replicas import BindingTable, ReplicaLink, addressed_placement, addresses_of, worker_processes
 from omni_trio.stage.stage import Stage, StageStats, describe_error
 from omni_trio.supervisor import Supervisor, Worker
-from omni_trio.tracing import Tracer, trace_path_from_env
+from omni_trio.tracing import Tracer, get_logger, trace_path_from_env
+
+log = get_logger(__name__)
 
 #: How long worker processes may take to build and warm up their stages.
 DEFAULT_START_TIMEOUT_S = 120.0
@@ -220,6 +223,12 @@ async def open_pipeline(
     unless its stages say ``restart="on-failure"``: then it is started
     again (at most ``max_restarts`` times; new submits wait until it is
     ready) and the pipeline keeps serving.
+
+    SIGTERM (when the program has no handler of its own) shuts the pipeline
+    down the same way and then raises :class:`~omni_trio.Terminated` (a
+    ``SystemExit`` with status 143). Before starting workers, it removes what
+    runs whose owner process is provably dead left behind (see
+    :mod:`omni_trio.comm.ownership`).
     """
     check_imports(config)
     trace_path = trace_path_from_env(trace)
@@ -227,12 +236,21 @@ async def open_pipeline(
     groups = worker_processes(config)
     try:
         async with _single_errors():
-            if groups:
-                placed = _in_processes(config, groups, tracer, trace_path, start_timeout)
-            else:
-                placed = _embedded(config, tracer)
-            async with placed as coordinator:
-                yield coordinator
+            with trio.CancelScope() as scope, cancel_on_sigterm(scope) as sigterm:
+                if groups:
+                    placed = _in_processes(config, groups, tracer, trace_path, start_timeout)
+                else:
+                    placed = _embedded(config, tracer)
+                try:
+                    async with placed as coordinator:
+                        yield coordinator
+                except StageProcessDied:
+                    # SIGTERM sent to the whole process group (a service manager's
+                    # control-group stop) kills the workers too: that is the termination.
+                    if not sigterm.received:
+                        raise
+            if sigterm.received:
+                raise Terminated()
     finally:
         tracer.close()
 
@@ -255,18 +273,28 @@ async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coo
                 stage.stop()
 
 
-def _make_ipc_dir(config: PipelineConfig) -> Path:
+def _make_ipc_dir(config: PipelineConfig, run_prefix: str) -> Path:
+    base = Path(config.endpoints.base_path or tempfile.gettempdir())
+    reclaimed = reclaim_dead_runs([base])
+    if reclaimed.directories or reclaimed.segments:
+        log.warning("reclaimed_dead_runs", directories=reclaimed.directories, segments=len(reclaimed.segments))
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.name or "pipeline")[:24]
     # mkdtemp creates the directory owner-only (0700): only we may reach its sockets.
-    return Path(tempfile.mkdtemp(prefix=f"omnitrio-{name}-", dir=config.endpoints.base_path))
+    ipc_dir = Path(tempfile.mkdtemp(prefix=f"omnitrio-{name}-", dir=base))
+    try:
+        write_owner_record(ipc_dir, run_prefix)
+    except BaseException:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise
+    return ipc_dir
 
 
 @asynccontextmanager
 async def _in_processes(
     config: PipelineConfig, groups: list[str], tracer: Tracer, trace_path: Path | None, start_timeout: float
 ) -> AsyncIterator[Coordinator]:
-    ipc_dir = _make_ipc_dir(config)
-    run_prefix = f"omnitrio-{secrets.token_hex(6)}"
+    run_prefix = new_run_prefix()
+    ipc_dir = _make_ipc_dir(config, run_prefix)
     secret = new_secret()
     died: list[StageProcessDied] = []
     try:

@@ -7,17 +7,22 @@ before that leaves its traceback in ``<process>.traceback`` in the IPC
 directory (a file: it is there before the process exits, which a message
 might not be) and exits 1. It serves
 until ``Shutdown``, then stops its stages (they drain what their schedulers
-already published) and exits 0. It exits when the runtime's process is gone
-(EOF on its stdin pipe) and ignores Ctrl-C, which the runtime handles for the
-whole pipeline.
+already published) and exits 0. It ignores Ctrl-C, which the runtime handles
+for the whole pipeline.
+
+When the runtime's process is gone, however it died (SIGKILL included), the
+worker removes what the run created and exits 1: see :func:`watch_owner`.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
+import stat
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -25,6 +30,8 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.comm.ownership import owner_of_prefix, remove_run
+from omni_trio.comm.shm import freeze_creation
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
 from omni_trio.control.links import RemoteCoordinatorLink
@@ -35,31 +42,57 @@ from omni_trio.supervisor import WorkerSpec, startup_traceback_path
 from omni_trio.tracing import Tracer
 
 
-async def _exit_with_parent() -> None:
-    """End the worker when the runtime's process is gone.
+def watch_owner(spec: WorkerSpec) -> None:
+    """Block until the runtime's process is gone; then remove the run's files and exit 1.
 
-    The runtime holds the write end of our stdin pipe and never writes: EOF
-    means it exited, however it died. (``PR_SET_PDEATHSIG`` would not do:
-    it fires when the spawning *thread* exits, and trio spawns from a
-    worker thread.)
+    Runs in a thread of its own (started first thing in :func:`serve`), so
+    that a trio loop stuck in user code or still importing does not delay it. Two signs, either is enough: EOF on
+    our stdin pipe (the runtime holds its write end and never writes), and a
+    pidfd of the run's owner becoming readable (the owner's pid and start
+    time are in the run prefix; a pid reused by another process does not
+    count). ``PR_SET_PDEATHSIG`` is not used: it fires when the spawning
+    *thread* exits, and trio spawns from a worker thread that may end first.
+
+    Then no segment is created here any more, and the run's segments (every
+    process's, the caller's pools included: their names carry the run prefix,
+    and only files of our uid are removed) and its IPC directory go.
     """
-    fd = sys.stdin.fileno()
-    os.set_blocking(fd, False)
-    while True:
-        await trio.lowlevel.wait_readable(fd)
+    run_prefix = spec.shm_prefix.rsplit("-", 1)[0]  # "<run prefix>-<process index>"
+    poller = select.poll()
+    stdin = sys.stdin.fileno()
+    # Only a pipe's EOF means anything: a worker started another way may have /dev/null there.
+    if stat.S_ISFIFO(os.fstat(stdin).st_mode):
+        poller.register(stdin, select.POLLIN)
+    gone = False
+    owner = owner_of_prefix(run_prefix)
+    if owner is not None:
         try:
-            if not os.read(fd, 4096):
-                break
-        except BlockingIOError:
-            continue
-    print(f"omni-trio worker {os.getpid()}: the pipeline's process is gone; exiting", file=sys.stderr)
-    _exit(1)
+            poller.register(os.pidfd_open(owner.pid), select.POLLIN)
+        except ProcessLookupError:
+            gone = True
+        except OSError:
+            pass  # no pidfd here (old kernel, seccomp): the stdin pipe still tells
+        else:
+            gone = not owner.alive()  # the pid could name another process by the time we opened it
+    while not gone:
+        for fd, _ in poller.poll():
+            # The pidfd is readable once the owner exited; stdin at EOF (b"").
+            if fd != stdin or not os.read(stdin, 4096):
+                gone = True
+    freeze_creation()
+    removed = remove_run(Path(spec.ipc_dir), run_prefix)
+    note = f"omni-trio worker {os.getpid()}: the pipeline's process is gone; removed its IPC directory"
+    # Straight to the fd and out: the main thread may hold sys.stderr's lock, or be stuck.
+    os.write(2, f"{note} and {len(removed)} shared-memory segment(s); exiting\n".encode())
+    os._exit(1)
 
 
 async def serve(spec: WorkerSpec) -> None:
-    """Run the worker's stages until the runtime says Shutdown."""
+    """Run the worker's stages until the runtime says Shutdown (or its process is gone: :func:`watch_owner`)."""
     from omni_trio.runtime import endpoint_for
 
+    # Here, not in main(): however the worker was started, it watches its owner before anything else.
+    threading.Thread(target=watch_owner, args=(spec,), name="omni-trio-owner-watch", daemon=True).start()
     replica = split_replica(spec.process)[1]
     # Every event of a replica's process says which replica it is.
     tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
@@ -67,7 +100,6 @@ async def serve(spec: WorkerSpec) -> None:
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_exit_with_parent)
             await nursery.start(endpoint.serve)
             try:
                 try:

@@ -41,9 +41,12 @@ def create_fail_on(word: str, tag: str = "fragile", inline: bool = False):
     return SimpleScheduler(fn, inline=inline)
 
 
-def blocking_until_aborted(tag: str, before: Any = None, max_concurrency: int = 1) -> SimpleScheduler:
+def blocking_until_aborted(
+    tag: str, before: Any = None, max_concurrency: int = 1, on_abort: Any = None
+) -> SimpleScheduler:
     """A SimpleScheduler whose compute blocks until its request is aborted (unless the
-    ``block`` param is False), after running ``before(payload)`` if given."""
+    ``block`` param is False), after running ``before(payload)`` if given; ``on_abort(request_id)``,
+    if given, runs when a request is aborted."""
     released: dict[str, threading.Event] = {}
     lock = threading.Lock()
 
@@ -62,6 +65,8 @@ def blocking_until_aborted(tag: str, before: Any = None, max_concurrency: int = 
         return payload
 
     def abort_callback(request_id: str) -> None:
+        if on_abort is not None:
+            on_abort(request_id)
         event_for(request_id).set()
 
     return SimpleScheduler(fn, abort_callback=abort_callback, max_concurrency=max_concurrency)
@@ -564,3 +569,36 @@ class WordSessionHooks:
 
 def create_word_session(max_open_sessions: int = 64, upper: bool = False, from_upstream: bool = False):
     return SessionScheduler(WordSessionHooks(upper, from_upstream), max_open_sessions=max_open_sessions)
+
+
+
+def create_block_and_report_abort():
+    """Like :func:`create_block_and_report_pid`; when the request is aborted it also writes
+    ``<pid_file>.aborted`` (proof that the abort reached the stage's process)."""
+    import os
+
+    files: dict[str, str] = {}
+
+    def report_pid(payload: StagePayload) -> None:
+        path = files[payload.request_id] = payload.request.params["pid_file"]
+        with open(f"{path}.tmp", "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
+        os.replace(f"{path}.tmp", path)
+
+    def report_abort(request_id: str) -> None:
+        if request_id in files:
+            with open(f"{files[request_id]}.aborted", "w", encoding="ascii") as handle:
+                handle.write("aborted")
+
+    return blocking_until_aborted("blocked", report_pid, on_abort=report_abort)
+
+
+def create_sum_inputs():
+    """Returns ``{"sum": float(t.sum()), "numel": t.numel()}`` of the request's inputs ``{"t": tensor}``."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        t = payload.request.inputs["t"]
+        payload.data = {"sum": float(t.sum()), "numel": int(t.numel())}
+        return payload
+
+    return SimpleScheduler(fn)

@@ -45,8 +45,13 @@ every segment in the creating *and* every attaching process and "cleans up"
 (unlinks) segments another process still needs, with warnings at exit
 (SPEC §8.7 [FIX]). Plain ``os.open`` + ``mmap`` has no tracker; leftovers
 after a crash are removed by the supervisor with :func:`remove_segments`,
-which is why every name starts with a caller-chosen prefix
-(``"omnitrio-<runid>-<pid>"``).
+which is why every name starts with a caller-chosen prefix (the run's, see
+:mod:`omni_trio.comm.ownership`, then the process and relay numbers).
+
+Only the owner removes a segment: every unlink here checks that the name is
+a regular file of our effective uid and, where we created or opened it, the
+very same file (device and inode); a name that is taken when we create a
+segment raises :class:`SegmentExists` and the file is left alone.
 
 Copies of 1 MiB and more run in a worker thread (``trio.to_thread``) so that
 co-located stages and ACKs are not stalled (SPEC §9 item 9); so do the
@@ -68,6 +73,7 @@ import os
 import re
 import stat
 import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -86,11 +92,13 @@ __all__ = [
     "OFF_THREAD_BYTES",
     "SHM_DIR",
     "SegmentCache",
+    "SegmentExists",
     "SegmentNotFound",
     "ShmError",
     "ShmPut",
     "ShmRelay",
     "TransferTooLarge",
+    "freeze_creation",
     "is_pooled_slot",
     "read_segment",
     "remove_segments",
@@ -117,6 +125,11 @@ DEFAULT_CACHE_BYTES = 1024 * 1024 * 1024
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}")
 # Pooled slots are named ``<prefix>-p<n>``, one-shot segments ``<prefix>-<n>``.
 _POOLED_RE = re.compile(r"-p[0-9]+\Z")
+# Held while a segment file is created: freeze_creation() takes it for good, so that a
+# process cleaning up before it exits knows that no thread creates a segment after its sweep.
+_CREATION = threading.Lock()
+#: (st_dev, st_ino): which file a segment name was when we created or opened it.
+Identity = tuple[int, int]
 
 
 class ShmError(Exception):
@@ -129,6 +142,10 @@ class TransferTooLarge(ShmError, ValueError):
 
 class SegmentNotFound(ShmError, FileNotFoundError):
     """A segment to read is missing or does not have the announced size."""
+
+
+class SegmentExists(ShmError, FileExistsError):
+    """A segment name to create is taken by a file we did not create (stale or planted): it is left alone."""
 
 
 @attrs.frozen
@@ -144,6 +161,8 @@ class ShmPut:
     size: int
     segment_size: int | None = None
     lease: int | None = None
+    #: The one-shot segment's file as created: a later cleanup unlinks only that file.
+    identity: Identity | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def pooled(self) -> bool:
@@ -174,12 +193,35 @@ def _segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, _check_name(name))
 
 
-def _unlink_quiet(path: str) -> bool:
+def _identity(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino
+
+
+def _unlink_own(path: str, identity: Identity | None = None) -> bool:
+    """Unlink ``path`` if it is a regular file of our effective uid and, given ``identity``, the
+    very file we created or opened; a name another user or run planted or replaced is left alone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    if identity is not None and _identity(st) != identity:
+        return False
     try:
         os.unlink(path)
     except FileNotFoundError:
         return False
     return True
+
+
+def freeze_creation() -> None:
+    """Stop this process from creating segments, for good (waits for a creation under way).
+
+    For a process about to exit that sweeps its run's segments first: whatever
+    exists after this call is all there will be.
+    """
+    _CREATION.acquire()
 
 
 def _run_on_mapping(mm: mmap.mmap, fn: Callable[[memoryview], T], name: str, *, allow_views: bool = False) -> T:
@@ -215,11 +257,16 @@ def _run_on_mapping(mm: mmap.mmap, fn: Callable[[memoryview], T], name: str, *, 
     return result
 
 
-def _create_mapped(path: str, size: int, flags: int) -> mmap.mmap:
+def _create_mapped(path: str, size: int, flags: int) -> tuple[mmap.mmap, Identity]:
     """Create segment ``path`` of ``size`` bytes with its pages reserved, and map it."""
-    # O_EXCL: never adopt an existing file (a stale or planted one); it also
-    # refuses to follow a symlink at that name.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    # O_EXCL: never adopt an existing file (a stale or planted one), and never
+    # remove it either; it also refuses to follow a symlink at that name.
+    with _CREATION:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except FileExistsError as exc:
+            raise SegmentExists(f"shared-memory segment {os.path.basename(path)} exists already; left alone") from exc
+    identity = _identity(os.fstat(fd))
     try:
         try:
             os.ftruncate(fd, size)
@@ -234,24 +281,25 @@ def _create_mapped(path: str, size: int, flags: int) -> mmap.mmap:
                     raise ShmError(f"not enough space in {SHM_DIR} for a {size}-byte transfer") from exc
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
-            return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE), identity
         finally:
             os.close(fd)
     except BaseException:
-        _unlink_quiet(path)
+        _unlink_own(path, identity)
         raise
 
 
-def _create_and_fill(path: str, size: int, fill: Callable[[memoryview], None]) -> None:
-    mm = _create_mapped(path, size, mmap.MAP_SHARED)
+def _create_and_fill(path: str, size: int, fill: Callable[[memoryview], None]) -> Identity:
+    mm, identity = _create_mapped(path, size, mmap.MAP_SHARED)
     try:
         _run_on_mapping(mm, fill, os.path.basename(path))
     except BaseException:
-        _unlink_quiet(path)
+        _unlink_own(path, identity)
         raise
+    return identity
 
 
-def _create_slot(path: str, size: int) -> mmap.mmap:
+def _create_slot(path: str, size: int) -> tuple[mmap.mmap, Identity]:
     # MAP_POPULATE: the page tables are filled now, once, so that no fill of
     # this slot ever takes a page fault.
     return _create_mapped(path, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
@@ -292,6 +340,9 @@ def _open_mapped(path: str, name: str, size: int, flags: int) -> tuple[mmap.mmap
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SegmentNotFound(f"shared-memory segment {name} not found (not a regular file)")
+        if st.st_uid != os.geteuid():
+            # Every process of a run has our uid: another user's file is no segment of ours.
+            raise SegmentNotFound(f"shared-memory segment {name} not found (the file belongs to uid {st.st_uid})")
         if st.st_size != size:
             # Not unlinked: a wrong size means a wrong name or a bug, and the
             # file may belong to another transfer; the sender cleans up its own.
@@ -308,10 +359,10 @@ def _open_mapped(path: str, name: str, size: int, flags: int) -> tuple[mmap.mmap
 def _open_and_consume(path: str, name: str, size: int, consume: Callable[[memoryview], T], zero_copy: bool) -> T:
     # MAP_POPULATE: the copy-out reads every page anyway; one populate is
     # cheaper than a fault per page.
-    mm, _ = _open_mapped(path, name, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    mm, st = _open_mapped(path, name, size, mmap.MAP_SHARED | mmap.MAP_POPULATE)
     # Unlink as soon as it is mapped: the data stays reachable through the
     # mapping, and the name can no longer leak whatever happens next.
-    _unlink_quiet(path)
+    _unlink_own(path, _identity(st))
     return _run_on_mapping(mm, consume, name, allow_views=zero_copy)
 
 
@@ -370,8 +421,9 @@ def remove_segments(prefix: str) -> list[str]:
     """Unlink every segment named ``<prefix>-<n>`` (or ``<prefix>-<a>-<n>``...), pooled slots included.
 
     For supervisors: after a process died, remove what it left in /dev/shm.
-    A prefix only matches at a ``-`` boundary followed by numbers (the last
-    one may be a pooled slot's ``p<n>``), so ``"omnitrio-r1-12"`` does not
+    Only regular files of our effective uid are removed (never a name another
+    user planted). A prefix only matches at a ``-`` boundary followed by
+    numbers (the last one may be a pooled slot's ``p<n>``), so ``"omnitrio-r1-12"`` does not
     remove ``"omnitrio-r1-123-0"``, while ``"omnitrio-r1"`` removes the
     segments of every process of run ``r1``. Returns the names removed.
     """
@@ -382,7 +434,7 @@ def remove_segments(prefix: str) -> list[str]:
     except FileNotFoundError:
         return removed
     for name in names:
-        if pattern.fullmatch(name) and _unlink_quiet(os.path.join(SHM_DIR, name)):
+        if pattern.fullmatch(name) and _unlink_own(os.path.join(SHM_DIR, name)):
             removed.append(name)
     return sorted(removed)
 
@@ -394,6 +446,7 @@ class _Slot:
     name: str
     size: int
     mm: mmap.mmap
+    identity: Identity
     #: Lent out (being filled, or waiting for its ACK and its release).
     busy: bool = False
     lease: int = -1
@@ -408,7 +461,7 @@ class ShmRelay:
     """Sender side of the shared-memory relay, with per-target credits and a slot pool.
 
     ``prefix`` names every segment (``f"{prefix}-{counter}"``); make it unique
-    per process (``"omnitrio-<runid>-<pid>"``). ``credits_per_target`` is how
+    per relay (``"<run prefix>-<process>-<relay>"``). ``credits_per_target`` is how
     many puts to one target may be outstanding (put but not settled);
     ``max_transfer_bytes`` bounds one transfer; ``pool_bytes`` bounds the
     pooled slots (0, the default here, disables pooling: every transfer is
@@ -512,15 +565,13 @@ class ShmRelay:
     async def _put_one_shot(self, size: int, fill: Callable[[memoryview], None]) -> ShmPut:
         name = self._next_name()
         path = os.path.join(SHM_DIR, name)
-        try:
-            if size >= OFF_THREAD_BYTES:
-                await trio.to_thread.run_sync(_create_and_fill, path, size, fill)
-            else:
-                _create_and_fill(path, size, fill)
-        except BaseException:
-            _unlink_quiet(path)
-            raise
-        return ShmPut(name=name, size=size)
+        # A failed creation or fill removes its own file (only that one); a cancelled
+        # thread call has not started it, a started one is not abandoned.
+        if size >= OFF_THREAD_BYTES:
+            identity = await trio.to_thread.run_sync(_create_and_fill, path, size, fill)
+        else:
+            identity = _create_and_fill(path, size, fill)
+        return ShmPut(name=name, size=size, identity=identity)
 
     async def _put_pooled(self, slot: _Slot, target: str, size: int, fill: Callable[[memoryview], None]) -> ShmPut:
         try:
@@ -564,21 +615,21 @@ class ShmRelay:
         path = os.path.join(SHM_DIR, name)
         try:
             if wanted >= OFF_THREAD_BYTES:
-                mm = await trio.to_thread.run_sync(_create_slot, path, wanted)
+                mm, identity = await trio.to_thread.run_sync(_create_slot, path, wanted)
             else:
-                mm = _create_slot(path, wanted)
+                mm, identity = _create_slot(path, wanted)
         except ShmError:
             self._pooled_bytes -= wanted
-            return None  # /dev/shm is full: a one-shot segment may still fit
+            return None  # /dev/shm is full, or the name is taken: a one-shot segment may still fit
         except BaseException:
-            self._pooled_bytes -= wanted
-            _unlink_quiet(path)
+            self._pooled_bytes -= wanted  # a failed creation removed its own file
             raise
         if self._closed:
             self._pooled_bytes -= wanted
-            _unlink_quiet(path)
+            _unlink_own(path, identity)
             raise trio.ClosedResourceError("shm relay is closed")
-        slot = self._slots[name] = _Slot(name=name, size=wanted, mm=mm, busy=True, used=next(self._uses))
+        slot = _Slot(name=name, size=wanted, mm=mm, identity=identity, busy=True, used=next(self._uses))
+        self._slots[name] = slot
         return slot
 
     def _free(self, slot: _Slot) -> None:
@@ -592,7 +643,7 @@ class ShmRelay:
         if self._slots.pop(slot.name, None) is None:
             return
         self._pooled_bytes -= slot.size
-        _unlink_quiet(os.path.join(SHM_DIR, slot.name))
+        _unlink_own(os.path.join(SHM_DIR, slot.name), slot.identity)
         # The mapping is not closed explicitly: dropping the last reference
         # unmaps it, unless a view a fill leaked still holds it.
         slot.busy = True
@@ -621,8 +672,9 @@ class ShmRelay:
         del self._outstanding[put.name]
         target, _ = entry
         if not put.pooled:
-            # Names are never reused, so this cannot hit another transfer's segment.
-            _unlink_quiet(os.path.join(SHM_DIR, put.name))
+            # Names are never reused, and only the file we created goes: a name
+            # the receiver freed and someone planted again is left alone.
+            _unlink_own(os.path.join(SHM_DIR, put.name), put.identity)
         else:
             slot = self._slots.get(put.name)
             if slot is not None and slot.busy and slot.lease == put.lease:

@@ -310,6 +310,9 @@ async def test_segment_cache_checks_identity_and_bounds_itself(shm_prefix: str) 
                 await cache.view(puts[1].name, MIN_SLOT_BYTES, MIN_SLOT_BYTES + 1)
             for put in puts:
                 relay.settle(put, False)
+            # The relay retired the slots it created; the file planted at puts[2]'s name is not its to remove.
+            assert os.path.exists(path) and not os.path.exists(os.path.join(SHM_DIR, puts[1].name))
+            os.unlink(path)
         del views
         cache.clear()
 

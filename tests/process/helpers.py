@@ -68,6 +68,31 @@ def _children() -> dict[int, tuple[str, str]]:
     return found
 
 
+def workers_of(parent: int) -> set[int]:
+    """Worker processes (``python -m omni_trio.worker``) whose parent is ``parent``."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent and b"omni_trio.worker" in cmdline:
+            found.add(int(entry))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: only its status is left)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
 def worker_processes() -> dict[int, str]:
     """Worker processes (``python -m omni_trio.worker``) started by this process that still exist."""
     return {pid: cmd for pid, (_, cmd) in _children().items() if "omni_trio.worker" in cmd}

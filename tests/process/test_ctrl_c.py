@@ -46,29 +46,6 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _workers_of(parent: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent and b"omni_trio.worker" in cmdline:
-            found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_ctrl_c_stops_workers_and_removes_what_the_run_created(ipc_base: Path, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     shm_before = helpers.shm_segments()
@@ -82,7 +59,7 @@ async def test_ctrl_c_stops_workers_and_removes_what_the_run_created(ipc_base: P
             stderr=subprocess.PIPE,
         )
         blocker = int(await helpers.wait_for_file(pid_file, timeout=50))  # the request is in flight
-        workers = _workers_of(program.pid)
+        workers = helpers.workers_of(program.pid)
         assert blocker in workers and len(workers) == 2
         assert helpers.ipc_dirs(ipc_base)  # the run's IPC directory exists while it runs
         os.killpg(program.pid, signal.SIGINT)
@@ -90,6 +67,6 @@ async def test_ctrl_c_stops_workers_and_removes_what_the_run_created(ipc_base: P
         assert program.stderr is not None
         stderr = (await program.stderr.receive_some(1 << 20)).decode(errors="replace")
     assert returncode != 0 and "KeyboardInterrupt" in stderr, stderr
-    assert not [pid for pid in workers if _alive(pid)]
+    assert not [pid for pid in workers if helpers.running(pid)]
     assert helpers.ipc_dirs(ipc_base) == []
     assert helpers.shm_segments() - shm_before == set()
