@@ -35,6 +35,7 @@ from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.sessions import Session, session_targets
+from omni_trio.stage.replicas import logical_name
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
@@ -96,6 +97,27 @@ class PipelineStats:
     def idle(self) -> bool:
         """True when no request is held anywhere."""
         return self.live_requests == 0 and all(stage.idle for stage in self.stages.values())
+
+    @property
+    def busy_seconds(self) -> dict[str, float]:
+        """Compute-seconds per stage name, summed over its replicas (see :attr:`StageStats.busy_seconds`)."""
+        busy: dict[str, float] = {}
+        for address, stage in self.stages.items():
+            name = logical_name(address)
+            busy[name] = busy.get(name, 0.0) + stage.busy_seconds
+        return busy
+
+    @property
+    def edge_bytes(self) -> dict[tuple[str, str, str], int]:
+        """Tensor bytes per ``(from_stage, to_stage, transport)``, replicas merged into their stage
+        (``to_stage`` ``"coordinator"``: to the caller); see :attr:`StageStats.sent_bytes`."""
+        edges: dict[tuple[str, str, str], int] = {}
+        for address, stage in self.stages.items():
+            for receiver, by_transport in stage.sent_bytes.items():
+                for transport, nbytes in by_transport.items():
+                    key = (logical_name(address), logical_name(receiver), transport)
+                    edges[key] = edges.get(key, 0) + nbytes
+        return edges
 
 
 _END_OF_STREAM = object()

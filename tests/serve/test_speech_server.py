@@ -38,7 +38,7 @@ def test_speech_streams_pcm_with_the_sync_client(speech_server: SpeechServer) ->
 
 
 def test_speech_sse_sends_a_delta_per_vocoder_chunk_then_done(speech_server: SpeechServer) -> None:
-    body = {"model": MODEL, "input": "one more", "voice": "x", "response_format": "wav", "stream_format": "sse"}
+    body = {"model": MODEL, "input": "one more", "voice": "echo", "response_format": "wav", "stream_format": "sse"}
     with httpx.stream("POST", f"{speech_server.url}/v1/audio/speech", json=body,
                       headers={"accept": "application/octet-stream"}, timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -116,7 +116,7 @@ async def test_eight_concurrent_streaming_clients_get_the_same_audio(speech_serv
 def test_a_client_leaving_mid_stream_leaves_nothing_behind(speech_server: SpeechServer) -> None:
     before = _metric(httpx.get(f"{speech_server.url}/metrics").text, 'omni_trio_requests_total{outcome="disconnected"}')
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True,
-            "max_tokens": 1000, "modalities": ["text", "audio"], "audio": {"voice": "a", "format": "pcm16"}}
+            "max_tokens": 1000, "modalities": ["text", "audio"], "audio": {"voice": "nova", "format": "pcm16"}}
     with httpx.stream("POST", f"{speech_server.url}/v1/chat/completions", json=body, timeout=60) as response:
         next(response.iter_lines())  # (test_errors.py shows the abort on a request that cannot end by itself)
     # The abort reaches every stage at once: within a bounded wait nothing of it is left anywhere, and
