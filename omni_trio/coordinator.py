@@ -18,6 +18,7 @@ import attrs
 import outcome
 import trio
 
+from omni_trio.comm.router import COORDINATOR
 from omni_trio.config import PipelineConfig, import_string
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
@@ -54,6 +55,9 @@ class StageDirectory(Protocol):
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
 
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes the coordinator sent (submitted inputs): ``{entry stage: {transport: bytes}}``."""
+
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
 
@@ -87,6 +91,9 @@ class PipelineStats:
     rejected_requests: int = 0  # refused at admission by max_in_flight, since the pipeline opened
     #: Replica processes that take no work now (dead, or being restarted).
     down_replicas: tuple[str, ...] = ()
+    #: Tensor bytes the coordinator sent (submitted inputs), ``{entry stage: {transport: bytes}}``, since
+    #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
+    sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)
 
     @property
     def degraded(self) -> bool:
@@ -109,11 +116,13 @@ class PipelineStats:
 
     @property
     def edge_bytes(self) -> dict[tuple[str, str, str], int]:
-        """Tensor bytes per ``(from_stage, to_stage, transport)``, replicas merged into their stage
-        (``to_stage`` ``"coordinator"``: to the caller); see :attr:`StageStats.sent_bytes`."""
+        """Tensor bytes per ``(from_stage, to_stage, transport)``, replicas merged into their stage;
+        ``"coordinator"`` is the caller's side: ``from_stage`` for submitted inputs, ``to_stage`` for
+        results and chunks (see :attr:`StageStats.sent_bytes`)."""
         edges: dict[tuple[str, str, str], int] = {}
-        for address, stage in self.stages.items():
-            for receiver, by_transport in stage.sent_bytes.items():
+        senders = [(COORDINATOR, self.sent_bytes)] + [(a, stage.sent_bytes) for a, stage in self.stages.items()]
+        for address, sent in senders:
+            for receiver, by_transport in sent.items():
                 for transport, nbytes in by_transport.items():
                     key = (logical_name(address), logical_name(receiver), transport)
                     edges[key] = edges.get(key, 0) + nbytes
@@ -333,6 +342,7 @@ class Coordinator:
             live_requests=len(self._live),
             rejected_requests=self._rejected,
             down_replicas=() if self._replicas is None else self._replicas.down(),
+            sent_bytes=self._directory.sent_bytes(),
         )
 
     def health(self) -> PipelineHealth:

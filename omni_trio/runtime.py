@@ -23,8 +23,9 @@ from typing import Any
 
 import trio
 
-from omni_trio.comm.router import TransportLogs
+from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.shm import remove_segments
+from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
 from omni_trio.control.endpoint import Endpoint
@@ -151,13 +152,15 @@ def endpoint_for(config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix
 
 
 class LocalDirectory:
-    """The coordinator's view of stages that run in its own process."""
+    """The coordinator's view of stages that run in its own process; ``transports`` counts what it submits."""
 
-    def __init__(self, stages: dict[str, Stage]) -> None:
+    def __init__(self, stages: dict[str, Stage], transports: TransportLog) -> None:
         self._stages = stages
+        self._transports = transports
 
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage."""
+        self._transports.note("submit", stage, "local_object", tensor_bytes(payload))
         await self._stages[stage].on_submit(payload)
 
     async def abort(self, request_id: str) -> None:
@@ -168,6 +171,10 @@ class LocalDirectory:
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
         return {name: stage.stats() for name, stage in self._stages.items()}
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes submitted, by entry stage and transport."""
+        return self._transports.sent_bytes()
 
     def health(self) -> dict[str, str]:
         """The caller's process is alive while it can answer."""
@@ -235,8 +242,8 @@ async def open_pipeline(
 async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coordinator]:
     async with trio.open_nursery() as nursery:
         stages: dict[str, Stage] = {}
-        coordinator = Coordinator(config, LocalDirectory(stages), tracer, nursery)
         logs = TransportLogs(tracer)
+        coordinator = Coordinator(config, LocalDirectory(stages, logs.of(COORDINATOR)), tracer, nursery)
         link = LocalCoordinatorLink(coordinator, logs.of)
         stages.update(build_stages(config, config.stages, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
         connect_stages(config, stages, None, tracer, transport_logs=logs)

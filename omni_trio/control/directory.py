@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
@@ -117,6 +118,7 @@ class ProcessDirectory:
                 return  # the restart failed (or the pipeline stops): the request was failed with it
         bindings = self._bindings.of(request_id)
         if stage in self._local:
+            self._endpoint.transports(COORDINATOR).note("submit", stage, "local_object", tensor_bytes(payload))
             await self._local[stage].on_submit(payload, bindings)
             return
         replica = None if bindings is None else self._bindings.replica_of(request_id, stage)
@@ -178,6 +180,10 @@ class ProcessDirectory:
             if process in down:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes submitted, by entry stage (or replica address) and transport."""
+        return self._endpoint.transports(COORDINATOR).sent_bytes()
 
     async def _on_stats_reply(self, message: m.StatsReply) -> None:
         replies = self._stats.get(message.token)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from omni_trio.comm.router import COORDINATOR
 from omni_trio.coordinator import PipelineStats
 from omni_trio.stage.replicas import logical_name
 
@@ -52,9 +53,12 @@ class RuntimeTotals(Collector):
 
     def observe(self, stats: PipelineStats) -> None:
         """Add what ``stats`` gained since the previous snapshot."""
+        senders = [(COORDINATOR, stats.sent_bytes)]
         for address, stage in stats.stages.items():
             self._busy.read((address,), (logical_name(address),), stage.busy_seconds)
-            for receiver, by_transport in stage.sent_bytes.items():
+            senders.append((address, stage.sent_bytes))
+        for address, sent in senders:
+            for receiver, by_transport in sent.items():
                 for transport, nbytes in by_transport.items():
                     labels = (logical_name(address), logical_name(receiver), transport)
                     self._edges.read((address, receiver, transport), labels, nbytes)
@@ -68,7 +72,7 @@ class RuntimeTotals(Collector):
         for (stage,), seconds in sorted(self._busy.totals.items()):
             busy.add_metric([stage], seconds)
         edges = CounterMetricFamily(
-            EDGE_NAME, "tensor bytes sent from one stage to another (or to the caller, 'coordinator'), by transport",
+            EDGE_NAME, "tensor bytes sent on each edge, by transport ('coordinator' is the caller's side)",
             labels=["from_stage", "to_stage", "transport"],
         )
         for labels, nbytes in sorted(self._edges.totals.items()):

@@ -53,8 +53,10 @@ def test_replicas_merge_into_their_stage() -> None:
         voc_r0=_stage(1.25, {"coordinator": {"inline": 100}}),
         voc_r1=_stage(2.0, {"coordinator": {"inline": 300}}),
     )
+    stats = attrs.evolve(stats, sent_bytes={"talker": {"shm": 64_000}})  # what the coordinator submitted
     assert stats.busy_seconds == {"talker": 0.5, "voc": 3.25}
     assert stats.edge_bytes == {
+        ("coordinator", "talker", "shm"): 64_000,
         ("talker", "voc", "inline"): 15,
         ("talker", "voc", "shm"): 20_000,
         ("voc", "coordinator", "inline"): 400,
@@ -89,8 +91,10 @@ def test_exported_counters_add_what_each_snapshot_gained_and_survive_a_restart()
     assert _samples(totals)[_edge("voc", "coordinator", "inline")] == 150
     # ... and its new incarnation counts from zero again: what it does adds on top.
     totals.observe(_pipeline(enc=_stage(0.0), voc=_stage(0.25, {"coordinator": {"inline": 40}})))
-    totals.observe(_pipeline(enc=_stage(0.0), voc=_stage(0.5, {"coordinator": {"inline": 60, "shm": 7}})))
+    last = _pipeline(enc=_stage(0.0), voc=_stage(0.5, {"coordinator": {"inline": 60, "shm": 7}}))
+    totals.observe(attrs.evolve(last, sent_bytes={"enc": {"inline": 9}}))
     assert _samples(totals) == {
+        _edge("coordinator", "enc", "inline"): 9,
         _busy("enc"): 0.0,
         _busy("voc"): 2.0,
         _edge("voc", "coordinator", "inline"): 210,
