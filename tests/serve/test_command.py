@@ -122,12 +122,13 @@ grace_period_s = 0.5
 """
 
 
-def test_sigint_drains_and_leaves_nothing(short_tmp: Path) -> None:
+def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) -> None:
     config = short_tmp / "serve.toml"
     config.write_text(SMALL_CONFIG)
     env = {**os.environ, "TMPDIR": str(short_tmp)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT)],
+        [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT),
+         "--deadline", "2"],
         cwd=short_tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     workers: set[int] = set()
@@ -141,11 +142,14 @@ def test_sigint_drains_and_leaves_nothing(short_tmp: Path) -> None:
         spec = pickle.loads(next(short_tmp.glob("omnitrio-*/p_slow.spec")).read_bytes())
         run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
         body = {"model": "toy", "messages": [{"role": "user", "content": "block"}], "stream": True}
+        # --deadline is every request's default deadline: a request that cannot end gets a 504 after it.
+        timed_out = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert timed_out.status_code == 504 and timed_out.json()["error"]["code"] == "deadline_exceeded"
         outcome: list[str] = []
 
         def held() -> None:
-            try:
-                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            try:  # its own deadline, past the grace period
+                httpx.post(f"{url}/v1/chat/completions", json={**body, "deadline": 30}, timeout=60)
                 outcome.append("answered")
             except httpx.HTTPError:
                 outcome.append("cut off")
