@@ -24,6 +24,8 @@ import httpx
 import openai
 import pytest
 
+import omni_trio as ot
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
 
@@ -128,7 +130,7 @@ def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) ->
     env = {**os.environ, "TMPDIR": str(short_tmp)}
     server = subprocess.Popen(
         [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT),
-         "--deadline", "2"],
+         "--deadline", "2", "--trace", str(short_tmp / "run.jsonl")],
         cwd=short_tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     workers: set[int] = set()
@@ -176,3 +178,7 @@ def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) ->
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
     assert list(short_tmp.glob("omnitrio-*")) == []
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+    # --trace: the main process and the worker each wrote their events.
+    events = ot.read_trace(short_tmp / "run.jsonl")
+    assert {e["event"] for e in events} >= {"request_submitted", "request_aborted", "stage_dispatch"}
+    assert {e["process"] for e in events} == {"main", "p_slow"}
