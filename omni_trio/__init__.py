@@ -41,6 +41,7 @@ from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamI
 from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
+    BusyTime,
     Inbox,
     IncomingMessage,
     Outbox,
@@ -61,6 +62,7 @@ from omni_trio.tracing import read_trace
 
 __all__ = [
     "AggregatedInput",
+    "BusyTime",
     "CommConfig",
     "CompleteMessage",
     "ConfigError",

@@ -18,6 +18,7 @@ import attrs
 import outcome
 import trio
 
+from omni_trio.comm.router import COORDINATOR
 from omni_trio.config import PipelineConfig, import_string
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
@@ -35,6 +36,7 @@ from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.sessions import Session, session_targets
+from omni_trio.stage.replicas import logical_name
 from omni_trio.stage.stage import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
@@ -52,6 +54,9 @@ class StageDirectory(Protocol):
 
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes the coordinator sent (submitted inputs): ``{entry stage: {transport: bytes}}``."""
 
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
@@ -92,6 +97,9 @@ class PipelineStats:
     #: Per process, the messages its sockets refused and dropped undecoded: they lacked this run's
     #: proof (forged, garbage, from another run); empty when every stage is embedded.
     refused_frames: dict[str, int] = attrs.field(factory=dict)
+    #: Tensor bytes the coordinator sent (submitted inputs), ``{entry stage: {transport: bytes}}``, since
+    #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
+    sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)
 
     @property
     def degraded(self) -> bool:
@@ -102,6 +110,29 @@ class PipelineStats:
     def idle(self) -> bool:
         """True when no request is held anywhere."""
         return self.live_requests == 0 and all(stage.idle for stage in self.stages.values())
+
+    @property
+    def busy_seconds(self) -> dict[str, float]:
+        """Compute-seconds per stage name, summed over its replicas (see :attr:`StageStats.busy_seconds`)."""
+        busy: dict[str, float] = {}
+        for address, stage in self.stages.items():
+            name = logical_name(address)
+            busy[name] = busy.get(name, 0.0) + stage.busy_seconds
+        return busy
+
+    @property
+    def edge_bytes(self) -> dict[tuple[str, str, str], int]:
+        """Tensor bytes per ``(from_stage, to_stage, transport)``, replicas merged into their stage;
+        ``"coordinator"`` is the caller's side: ``from_stage`` for submitted inputs, ``to_stage`` for
+        results and chunks (see :attr:`StageStats.sent_bytes`)."""
+        edges: dict[tuple[str, str, str], int] = {}
+        senders = [(COORDINATOR, self.sent_bytes)] + [(a, stage.sent_bytes) for a, stage in self.stages.items()]
+        for address, sent in senders:
+            for receiver, by_transport in sent.items():
+                for transport, nbytes in by_transport.items():
+                    key = (logical_name(address), logical_name(receiver), transport)
+                    edges[key] = edges.get(key, 0) + nbytes
+        return edges
 
 
 _END_OF_STREAM = object()
@@ -318,6 +349,7 @@ class Coordinator:
             rejected_requests=self._rejected,
             down_replicas=() if self._replicas is None else self._replicas.down(),
             refused_frames=self._directory.refused_frames(),
+            sent_bytes=self._directory.sent_bytes(),
         )
 
     def health(self) -> PipelineHealth:

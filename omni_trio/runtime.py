@@ -23,8 +23,9 @@ from typing import Any
 import trio
 
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
-from omni_trio.comm.router import TransportLog
+from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.shm import remove_segments
+from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
@@ -106,14 +107,19 @@ def connect_stages(
     endpoint: Endpoint | None,
     tracer: Tracer,
     bindings: BindingTable | None = None,
+    transport_logs: TransportLogs | None = None,
 ) -> None:
     """Give each stage of one process a link to every stage: local ones directly, the others
-    through the process's endpoint (a replicated one through a :class:`ReplicaLink`)."""
+    through the process's endpoint (a replicated one through a :class:`ReplicaLink`).
+
+    Each stage notes its sends in its :class:`TransportLog`: the endpoint's with an endpoint,
+    else ``transport_logs``'s (the one the process's coordinator link uses too)."""
+    logs = transport_logs or TransportLogs(tracer)
     for stage in stages.values():
-        transports = TransportLog(stage.name, tracer) if endpoint is None else endpoint.transports(stage.address)
+        transports = logs.of(stage.name) if endpoint is None else endpoint.transports(stage.address)
         links: dict[str, StageLink] = {name: LocalStageLink(other, transports) for name, other in stages.items()}
         if endpoint is None:
-            stage.connect(links)
+            stage.connect(links, transports=transports)
             continue
         for target in config.stages:
             if target.name in stages:
@@ -128,6 +134,7 @@ def connect_stages(
             relay_in_use=functools.partial(endpoint.relay_in_use, stage.address),
             on_retire=functools.partial(endpoint.return_held_credits, stage.address),
             bindings=bindings,
+            transports=transports,
         )
 
 
@@ -156,13 +163,15 @@ def endpoint_for(
 
 
 class LocalDirectory:
-    """The coordinator's view of stages that run in its own process."""
+    """The coordinator's view of stages that run in its own process; ``transports`` counts what it submits."""
 
-    def __init__(self, stages: dict[str, Stage]) -> None:
+    def __init__(self, stages: dict[str, Stage], transports: TransportLog) -> None:
         self._stages = stages
+        self._transports = transports
 
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage."""
+        self._transports.note("submit", stage, "local_object", tensor_bytes(payload))
         await self._stages[stage].on_submit(payload)
 
     async def abort(self, request_id: str) -> None:
@@ -173,6 +182,10 @@ class LocalDirectory:
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
         return {name: stage.stats() for name, stage in self._stages.items()}
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes submitted, by entry stage and transport."""
+        return self._transports.sent_bytes()
 
     def health(self) -> dict[str, str]:
         """The caller's process is alive while it can answer."""
@@ -259,10 +272,11 @@ async def open_pipeline(
 async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coordinator]:
     async with trio.open_nursery() as nursery:
         stages: dict[str, Stage] = {}
-        coordinator = Coordinator(config, LocalDirectory(stages), tracer, nursery)
-        link = LocalCoordinatorLink(coordinator)
+        logs = TransportLogs(tracer)
+        coordinator = Coordinator(config, LocalDirectory(stages, logs.of(COORDINATOR)), tracer, nursery)
+        link = LocalCoordinatorLink(coordinator, logs.of)
         stages.update(build_stages(config, config.stages, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
-        connect_stages(config, stages, None, tracer)
+        connect_stages(config, stages, None, tracer, transport_logs=logs)
         try:
             for stage in stages.values():
                 await nursery.start(stage.run)
@@ -361,7 +375,7 @@ async def _in_processes(
             try:
                 await supervisor.spawn(nursery)
                 placed_here = [stage for stage in config.stages if stage.process is None]
-                link = LocalCoordinatorLink(coordinator)
+                link = LocalCoordinatorLink(coordinator, endpoint.transports)
                 local.update(build_stages(config, placed_here, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
                 connect_stages(config, local, endpoint, tracer, bindings)
                 endpoint.host(local)

@@ -94,11 +94,14 @@ def busy_counters(stats: PipelineStats) -> list[str]:
     """The non-zero counters of ``stats`` as ``"name=value"`` (empty when ``stats.idle``)."""
     import attrs
 
+    from omni_trio.stage.stage import CUMULATIVE
+
     busy = [f"live_requests={stats.live_requests}"] if stats.live_requests else []
     for stage_name, stage in sorted(stats.stages.items()):
         for field in attrs.fields(type(stage)):
             value = getattr(stage, field.name)
-            if field.name != "healthy" and value:
+            # Running totals (compute time, bytes sent) are not state held for a request.
+            if field.name != "healthy" and not field.metadata.get(CUMULATIVE) and value:
                 busy.append(f"{stage_name}.{field.name}={value}")
     return busy
 

@@ -308,15 +308,54 @@ class Talker(nn.Module):
 # -------------------------------------------------------------------------------------- vocoder
 
 
+@attrs.frozen
+class Voice:
+    """How the vocoder colours its output: ``pitch`` scales the predicted pitch, ``tilt`` bends the
+    harmonics' mix towards the low (> 0: darker) or high (< 0: brighter) ones."""
+
+    pitch: float
+    tilt: float
+
+
+#: The demo's voices; ``alloy`` is the model's own (neither pitch nor mix changed).
+VOICES = {
+    "alloy": Voice(1.0, 0.0),
+    "echo": Voice(0.8, 0.5),
+    "onyx": Voice(0.6, 1.0),
+    "nova": Voice(1.3, -0.3),
+    "shimmer": Voice(1.6, -0.6),
+}
+DEFAULT_VOICE = "alloy"
+#: ``speed`` scales the duration of every frame by 1/speed (the pitch stays), within these bounds.
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+
+
+def check_voice(voice: object, speed: object) -> tuple[str, float]:
+    """``(voice, speed)`` if both are valid, else ValueError saying what is allowed."""
+    if voice not in VOICES:
+        raise ValueError(f"unknown voice {voice!r}; the demo speaks with {', '.join(VOICES)}")
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise ValueError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
+    return str(voice), float(speed)
+
+
+def samples_per_frame(speed: float) -> int:
+    """PCM samples per codec frame at ``speed`` (:data:`SAMPLES_PER_FRAME` at 1)."""
+    return max(1, round(SAMPLES_PER_FRAME / speed))
+
+
 @attrs.define
 class VocoderState:
-    """One request's synthesis state: where the oscillators are, so frames join without clicks."""
+    """One request's synthesis state: where the oscillators are, so frames join without clicks;
+    its voice, and how many samples each frame becomes (from its speed)."""
 
     phase: float = 0.0
     f0: float | None = None
     amps: torch.Tensor = attrs.Factory(lambda: torch.zeros(N_HARMONICS, 1, dtype=torch.float64))
     frames: int = 0
     samples: int = 0
+    voice: Voice = VOICES[DEFAULT_VOICE]
+    frame_samples: int = SAMPLES_PER_FRAME
 
 
 class Vocoder(nn.Module):
@@ -332,11 +371,15 @@ class Vocoder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 2 + N_HARMONICS))
 
     def frame(self, codes: torch.Tensor, state: VocoderState) -> torch.Tensor:
-        """Float32 PCM ``[SAMPLES_PER_FRAME]`` in [-1, 1] for one frame's codes."""
+        """Float32 PCM ``[state.frame_samples]`` in [-1, 1] for one frame's codes, in the state's voice."""
         params = self.mlp(self.code(codes.reshape(-1) + _CODE_OFFSETS).sum(0)).to(torch.float64)
-        f0 = 90.0 + 250.0 * float(torch.sigmoid(params[0]))
-        amps = (torch.softmax(params[2:], dim=0) * 0.6 * torch.sigmoid(params[1]))[:, None]
-        ramp = torch.arange(1, SAMPLES_PER_FRAME + 1, dtype=torch.float64) / SAMPLES_PER_FRAME
+        f0 = (90.0 + 250.0 * float(torch.sigmoid(params[0]))) * state.voice.pitch
+        mix = torch.softmax(params[2:], dim=0)
+        if state.voice.tilt:
+            mix = torch.softmax(params[2:] - state.voice.tilt * torch.log(torch.arange(1.0, N_HARMONICS + 1)), dim=0)
+        amps = (mix * 0.6 * torch.sigmoid(params[1]))[:, None]
+        n = state.frame_samples
+        ramp = torch.arange(1, n + 1, dtype=torch.float64) / n
         start_f0 = f0 if state.f0 is None else state.f0
         pitch = start_f0 + (f0 - start_f0) * ramp
         phase = state.phase + torch.cumsum(2 * math.pi * pitch / SAMPLE_RATE, dim=0)
@@ -347,5 +390,5 @@ class Vocoder(nn.Module):
         state.phase = float(phase[-1]) % (2 * math.pi)
         state.f0, state.amps = f0, amps
         state.frames += 1
-        state.samples += SAMPLES_PER_FRAME
+        state.samples += n
         return pcm.clamp(-1.0, 1.0).to(torch.float32)

@@ -3,9 +3,11 @@
 :class:`SpeechAdapter` turns an OpenAI speech or chat request into the
 pipeline's text and ``params``, and the vocoder's float32 PCM chunks into
 PCM16 audio deltas at 16 kHz. The thinker's text is the answer's text and the
-audio's transcript. The demo has one voice and one speed: ``voice`` is
-accepted as any name, and ``speed`` (checked to be in [0.25, 4]) does not
-change the audio.
+audio's transcript. ``voice`` picks one of the vocoder's voices
+(:data:`~examples.omni_speech.models.VOICES`; another name is a 400 naming
+``voice``, or ``audio.voice`` in a chat) and ``speed`` scales how long the
+audio lasts (each codec frame becomes ``320 / speed`` samples, the pitch
+stays); both travel as the pipeline's ``params``.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class SpeechAdapter(ServeAdapter):
         self.max_tokens_limit = max_tokens_limit
 
     def speech_input(self, request: SpeechRequest) -> PipelineInput:
-        """The text to speak is the prompt."""
-        return PipelineInput(request.input, {"max_new_tokens": self.max_new_tokens})
+        """The text to speak is the prompt, spoken in ``voice`` at ``speed``."""
+        params = {"max_new_tokens": self.max_new_tokens, **_voice(request.voice, request.speed, "voice")}
+        return PipelineInput(request.input, params)
 
     def chat_input(self, request: ChatRequest) -> PipelineInput:
         """The last user message: its text, and its audio (a WAV, resampled to 16 kHz)."""
@@ -53,6 +56,8 @@ class SpeechAdapter(ServeAdapter):
         if tokens > self.max_tokens_limit:
             raise BadRequest(f"'max_tokens' must be at most {self.max_tokens_limit}", param="max_tokens")
         params: dict[str, Any] = {"max_new_tokens": tokens}
+        if request.wants_audio and request.voice is not None:
+            params.update(_voice(request.voice, 1.0, "audio.voice"))
         if message.audio:
             try:
                 samples, rate = decode_wav(message.audio[0].data)
@@ -72,3 +77,10 @@ class SpeechAdapter(ServeAdapter):
     def completion(self, result: Any) -> Completion:
         """The thinker's answer is the text; its tokens are the usage (the prompt is not counted)."""
         return Completion(result["text"], output_tokens=int(result["tokens"]))
+
+
+def _voice(voice: str, speed: float, param: str) -> dict[str, Any]:
+    """The pipeline params for ``voice`` and ``speed``; an unknown voice is a 400 naming ``param``."""
+    if voice not in models.VOICES:
+        raise BadRequest(f"unknown voice {voice!r}; this model speaks with {', '.join(models.VOICES)}", param=param)
+    return {"voice": voice, "speed": speed}

@@ -23,6 +23,7 @@ import torch
 
 from examples.omni_speech import models
 from omni_trio import (
+    BusyTime,
     IncomingMessage,
     OmniRequest,
     Outbox,
@@ -109,8 +110,9 @@ def preprocess(payload: StagePayload) -> StagePayload:
     text = payload.data["raw_inputs"]
     if not isinstance(text, str) or not text.strip():
         raise ValueError("the request needs some text")
-    data: dict[str, Any] = {"text_ids": models.encode_text(text)}
     params = payload.request.params
+    models.check_voice(params.get("voice", models.DEFAULT_VOICE), params.get("speed", 1.0))
+    data: dict[str, Any] = {"text_ids": models.encode_text(text)}
     if params.get("audio_pcm") is not None:
         data["mel"] = models.log_mel(torch.as_tensor(params["audio_pcm"], dtype=torch.float32).contiguous())
     elif wants_audio(payload.request):
@@ -196,7 +198,9 @@ class ThinkerScheduler:
 
     Per step it emits ``OutgoingMessage(rid, "stream", data=<int64 tensor of
     one token>)``, which the stage sends to its ``stream_to`` (the talker);
-    after the last token, the result ``{"tokens": [...], "text": ...}``.
+    the first token's metadata carries the request's ``voice`` and ``speed``
+    on to the vocoder. After the last token, the result ``{"tokens": [...], "text": ...}``.
+    ``busy`` times its prefills and decode steps (``stats()``'s ``busy_seconds``).
     """
 
     def __init__(self, model: models.Thinker, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
@@ -213,6 +217,7 @@ class ThinkerScheduler:
         self._cancelled: set[str] = set()
         #: ... and ids aborted before they got here, in case the loop already took their message (bounded).
         self._aborted_early: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.busy = BusyTime()
 
     # ----------------------------------------------------------------- the protocol
 
@@ -230,7 +235,7 @@ class ThinkerScheduler:
                 try:
                     msg = self.inbox.get_nowait()
                 except queue.Empty:
-                    self._step_each()
+                    self.busy.call(self._step_each)
                     continue
             else:
                 msg = self.inbox.get()  # nothing to decode: block, no timeout
@@ -270,7 +275,7 @@ class ThinkerScheduler:
             if budget < 1:
                 raise ValueError(f"max_new_tokens must be at least 1, got {budget}")
             with torch.no_grad():
-                state = self.model.prefill(payload.data["text"], payload.data["audio"], budget)
+                state = self.busy.call(self.model.prefill, payload.data["text"], payload.data["audio"], budget)
         except Exception as exc:  # noqa: BLE001 - fails only this request
             self.outbox.put(OutgoingMessage(request_id, "error", data=exc))
             return
@@ -297,7 +302,11 @@ class ThinkerScheduler:
                 self._finish(request_id, OutgoingMessage(request_id, "error", data=exc))
                 continue
             chunk = torch.tensor([token], dtype=torch.int64)
-            self.outbox.put(OutgoingMessage(request_id, "stream", data=chunk, metadata={"step": len(state.tokens) - 1}))
+            metadata: dict[str, Any] = {"step": len(state.tokens) - 1}
+            if metadata["step"] == 0:
+                params = payload.request.params
+                metadata.update(voice=params.get("voice", models.DEFAULT_VOICE), speed=params.get("speed", 1.0))
+            self.outbox.put(OutgoingMessage(request_id, "stream", data=chunk, metadata=metadata))
             if len(state.tokens) >= budget:
                 payload.data = {"tokens": list(state.tokens), "text": models.decode_tokens(state.tokens),
                                 "audio_batch": payload.data["audio_batch"]}
@@ -349,6 +358,10 @@ class TalkerScheduler(StreamingSimpleScheduler):
             for index in range(models.FRAMES_PER_TOKEN):
                 codes = self.model.frame(token, index, state)
                 frames.append(OutgoingMessage(request_id, "stream", data=codes, metadata={"frame": state.frames - 1}))
+        # The voice rides on the request's first frame to the vocoder.
+        voice = {key: item.metadata[key] for key in ("voice", "speed") if item.metadata and key in item.metadata}
+        if voice and frames[0].metadata is not None:
+            frames[0].metadata.update(voice)
         return frames
 
     def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
@@ -370,7 +383,8 @@ def create_talker(seed: int = SEEDS["talker"]) -> TalkerScheduler:
 
 
 class VocoderScheduler(StreamingSimpleScheduler):
-    """Each codec frame becomes :data:`~models.SAMPLES_PER_FRAME` float32 PCM samples, streamed to the caller."""
+    """Each codec frame becomes float32 PCM samples, streamed to the caller: :data:`~models.SAMPLES_PER_FRAME`
+    of them at speed 1, ``SAMPLES_PER_FRAME / speed`` otherwise, in the voice the request's first frame names."""
 
     def __init__(self, model: models.Vocoder) -> None:
         super().__init__(compute_fn=None)
@@ -386,7 +400,13 @@ class VocoderScheduler(StreamingSimpleScheduler):
         return True
 
     def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
-        state = self.states.setdefault(request_id, models.VocoderState())
+        state = self.states.get(request_id)
+        if state is None:
+            metadata = item.metadata or {}
+            voice, speed = models.check_voice(metadata.get("voice", models.DEFAULT_VOICE), metadata.get("speed", 1.0))
+            state = self.states[request_id] = models.VocoderState(
+                voice=models.VOICES[voice], frame_samples=models.samples_per_frame(speed)
+            )
         with torch.no_grad():
             pcm = self.model.frame(item.data, state)
         return [OutgoingMessage(request_id, "stream", data=pcm, metadata={"modality": "audio"})]
@@ -400,7 +420,7 @@ class VocoderScheduler(StreamingSimpleScheduler):
             "frames": state.frames,
             "samples": state.samples,
             "sample_rate": models.SAMPLE_RATE,
-            "samples_per_frame": models.SAMPLES_PER_FRAME,
+            "samples_per_frame": state.frame_samples,
             "tokens": len(payload.data["tokens"]),
             "text": payload.data["text"],
             "audio_batch": payload.data["audio_batch"],

@@ -162,6 +162,8 @@ class DataRef:
     #: chunk metadata with tensors removed (must be msgpack-encodable).
     metadata: dict[str, Any] | None = None
     version: int = DATAREF_VERSION
+    #: The tensor bytes the object carries, as the sender counted them (for ``stats()``); never on the wire.
+    tensor_bytes: int = attrs.field(default=0, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.version != DATAREF_VERSION or type(self.version) is not int:
@@ -260,11 +262,15 @@ def _inline_from_wire(wire: dict[str, Any]) -> DataRef:
 
 
 # Fields equal to their default stay off the wire (an inline ref is four keys and a header), but the
-# version is part of the wire contract: always write it.
+# version is part of the wire contract: always write it. The sender's byte count stays home.
 converter.register_unstructure_hook(
     DataRef,
     make_dict_unstructure_fn(
-        DataRef, converter, _cattrs_omit_if_default=True, version=override(omit_if_default=False)
+        DataRef,
+        converter,
+        _cattrs_omit_if_default=True,
+        version=override(omit_if_default=False),
+        tensor_bytes=override(omit=True),
     ),
 )
 

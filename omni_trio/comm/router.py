@@ -17,7 +17,9 @@ process, :func:`choose_transport` picks how one object travels:
 
 Each stage owns a :class:`TransportLog` that records, once per edge and
 direction and again whenever it changes, which transport an edge uses
-(``comm_transport_selected`` in the trace, SPEC §8.10).
+(``comm_transport_selected`` in the trace, SPEC §8.10), and counts the
+tensor bytes sent on each edge by transport (``stats()``'s ``sent_bytes``).
+A process keeps its stages' logs in one :class:`TransportLogs`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from omni_trio.comm.dataref import TransportKind
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
+
+#: The sender's name for data the coordinator sends (submitted inputs) and the
+#: receiver's name for data sent to it (terminal results, chunks for the caller).
+COORDINATOR = "coordinator"
 
 #: Largest tensor data and pickled size sent inside a control message (SPEC §8.9).
 INLINE_LIMIT = 16 * 1024
@@ -76,15 +82,17 @@ def choose_transport(
 
 
 class TransportLog:
-    """Remembers each edge's current transport and traces changes."""
+    """Remembers each edge's current transport, traces changes and counts the tensor bytes sent."""
 
     def __init__(self, stage: str, tracer: Tracer) -> None:
         self._stage = stage
         self._tracer = tracer
         self._chosen: dict[tuple[str, str], str] = {}
+        self._bytes: dict[str, dict[str, int]] = {}
 
-    def note(self, direction: str, peer: str, transport: str) -> str:
-        """Record that ``direction`` traffic to ``peer`` uses ``transport``; return it."""
+    def note(self, direction: str, peer: str, transport: str, nbytes: int = 0) -> str:
+        """Record that ``direction`` traffic to ``peer`` uses ``transport`` and carried ``nbytes``
+        tensor bytes this time; return the transport."""
         key = (direction, peer)
         previous = self._chosen.get(key)
         if previous != transport:
@@ -97,4 +105,27 @@ class TransportLog:
                 transport=transport,
                 previous=previous,
             )
+        by_transport = self._bytes.get(peer)
+        if by_transport is None:
+            by_transport = self._bytes[peer] = {}
+        by_transport[transport] = by_transport.get(transport, 0) + nbytes
         return transport
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes sent so far: ``{peer: {transport: bytes}}`` (a copy), every edge used at least once."""
+        return {peer: dict(by_transport) for peer, by_transport in self._bytes.items()}
+
+
+class TransportLogs:
+    """The :class:`TransportLog` of every sending stage (or replica address) of one process."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+        self._logs: dict[str, TransportLog] = {}
+
+    def of(self, sender: str) -> TransportLog:
+        """``sender``'s log, created on first use."""
+        log_ = self._logs.get(sender)
+        if log_ is None:
+            log_ = self._logs[sender] = TransportLog(sender, self._tracer)
+        return log_

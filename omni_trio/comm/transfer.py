@@ -130,9 +130,10 @@ def _inline_ref(
     gpu_peers: bool,
 ) -> DataRef | None:
     """The inline DataRef of a split object, or None when the router does not send it inline."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     transport = choose_transport(
         (t.device.type for t in tensors.values()),
-        sum(t.numel() * t.element_size() for t in tensors.values()),
+        nbytes,
         sender=sender,
         receiver=target,
         gpu_peers=gpu_peers,
@@ -141,7 +142,12 @@ def _inline_ref(
     if header is None:
         return None
     return DataRef(
-        kind=kind, object_id=object_id, transport=TransportKind.inline, layout=Layout.packed_tensors, header=header
+        kind=kind,
+        object_id=object_id,
+        transport=TransportKind.inline,
+        layout=Layout.packed_tensors,
+        header=header,
+        tensor_bytes=nbytes,
     )
 
 
@@ -189,6 +195,7 @@ async def encode_object(
         buffer=shm_buffer(put),
         header=pickle.dumps(wrap(stripped), protocol=pickle.HIGHEST_PROTOCOL),
         tensors=entries,
+        tensor_bytes=sum(entry.size for entry in entries),
     )
     return ref, put
 

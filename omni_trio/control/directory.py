@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
@@ -119,6 +120,7 @@ class ProcessDirectory:
                 return  # the restart failed (or the pipeline stops): the request was failed with it
         bindings = self._bindings.of(request_id)
         if stage in self._local:
+            self._endpoint.transports(COORDINATOR).note("submit", stage, "local_object", tensor_bytes(payload))
             await self._local[stage].on_submit(payload, bindings)
             return
         replica = None if bindings is None else self._bindings.replica_of(request_id, stage)
@@ -184,6 +186,10 @@ class ProcessDirectory:
     def refused_frames(self) -> dict[str, int]:
         """Per process, the messages its sockets refused for want of this run's proof (workers: as of stats())."""
         return {MAIN_PROCESS: self._endpoint.policy.auth.refused, **self._refused}
+
+    def sent_bytes(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes submitted, by entry stage (or replica address) and transport."""
+        return self._endpoint.transports(COORDINATOR).sent_bytes()
 
     async def _on_stats_reply(self, message: m.StatsReply) -> None:
         replies = self._stats.get(message.token)

@@ -34,7 +34,7 @@ import trio
 import zmq
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
-from omni_trio.comm.router import TransportLog
+from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
@@ -125,7 +125,7 @@ class Endpoint:
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
         self._pool_bytes = pool_bytes or {}
-        self._transports: dict[str, TransportLog] = {}
+        self._transports = TransportLogs(tracer)
         self._sequence = itertools.count()
         self._nursery: trio.Nursery | None = None
         self._serving = trio.CancelScope(shield=True)
@@ -265,10 +265,7 @@ class Endpoint:
 
     def transports(self, sender: str) -> TransportLog:
         """The transport log of ``sender``'s outgoing edges."""
-        log_ = self._transports.get(sender)
-        if log_ is None:
-            log_ = self._transports[sender] = TransportLog(sender, self.tracer)
-        return log_
+        return self._transports.of(sender)
 
     async def send_object(
         self,
@@ -307,7 +304,7 @@ class Endpoint:
                 obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
             )
         written = time.monotonic() if tracing else 0.0
-        self.transports(sender).note(direction, receiver, ref.transport.value)
+        self.transports(sender).note(direction, receiver, ref.transport.value, ref.tensor_bytes)
         pending = None
         if put is not None:
             # Registered before sending: the ACK may arrive during the send's checkpoint.

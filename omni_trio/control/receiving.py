@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from omni_trio.comm.dataref import DataRef
+from omni_trio.comm.router import COORDINATOR
 from omni_trio.comm.shm import SegmentCache
 from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.control import messages as m
@@ -27,9 +28,6 @@ from omni_trio.tracing import Tracer
 if TYPE_CHECKING:
     from omni_trio.stage.stage import Stage
 
-#: The sender's name for data the coordinator sends (submitted inputs) and the
-#: receiver's name for data sent to it (terminal results, chunks for the caller).
-COORDINATOR = "coordinator"
 
 
 def chunk_list(value: object, count: int) -> list[Any]:

@@ -4,6 +4,7 @@ A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
 :class:`IncomingMessage`/:class:`OutgoingMessage` (SPEC §2.5).
 """
 
+from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.errors import QueueFullError
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
@@ -20,6 +21,7 @@ from omni_trio.scheduling.streaming import StreamingSimpleScheduler
 from omni_trio.scheduling.threaded import ThreadedSimpleScheduler
 
 __all__ = [
+    "BusyTime",
     "Inbox",
     "IncomingMessage",
     "Outbox",

@@ -28,6 +28,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
@@ -110,6 +111,8 @@ class SimpleScheduler(BatchingOptions):
         self._stopping = threading.Event()
         self._workers_lock = threading.Lock()
         self._live_workers = 0
+        #: How long compute ran here (``stats()``'s ``busy_seconds``).
+        self.busy = BusyTime()
 
     # ------------------------------------------------------------------
     # StageScheduler contract
@@ -260,7 +263,7 @@ class SimpleScheduler(BatchingOptions):
     def _run_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
         assert self.batch_compute_fn is not None
         try:
-            results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
+            results = self.busy.call(call_sync_or_async, self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
             if not isinstance(results, Sequence) or len(results) != len(batch):
                 count = len(results) if isinstance(results, Sequence) else type(results).__name__
                 raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
@@ -321,7 +324,7 @@ class SimpleScheduler(BatchingOptions):
     def _run_one(self, msg: IncomingMessage, loop: ThreadLoop | None) -> None:
         request_id = msg.request_id
         try:
-            result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)
+            result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop)
         except Exception as exc:
             if self.is_aborted(request_id):
                 return

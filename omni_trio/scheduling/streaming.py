@@ -11,6 +11,7 @@ See SPEC §5.3.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import threading
@@ -31,6 +32,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -101,6 +103,12 @@ class StreamingSimpleScheduler(BatchingOptions):
         self.completed_request_ids = SyncIdSet()
         self._stopping = threading.Event()
         self._serving_thread: int | None = None
+
+    @functools.cached_property
+    def busy(self) -> BusyTime:
+        """How long the hooks and compute functions ran here (``stats()``'s ``busy_seconds``)."""
+        # Created on first use, not in __init__: a subclass may not call our __init__.
+        return BusyTime()
 
     # ------------------------------------------------------------------
     # Hooks for subclasses
@@ -184,7 +192,7 @@ class StreamingSimpleScheduler(BatchingOptions):
                     # sees the freshest state; step only when nothing is queued.
                     msg = self._take_nowait()
                     if msg is None:
-                        self.run_ready_step()
+                        self.busy.call(self.run_ready_step)
                         continue
                 else:
                     msg = self._take()
@@ -346,7 +354,7 @@ class StreamingSimpleScheduler(BatchingOptions):
         with self.state_lock:
             self.completed_request_ids.discard(request_id)
             self.stream_payloads[request_id] = payload
-            self.on_streaming_new_request(request_id, payload)
+            self.busy.call(self.on_streaming_new_request, request_id, payload)
             if request_id in self.pending_done:
                 self.pending_done.discard(request_id)
                 self.handle_stream_done(request_id)
@@ -377,7 +385,7 @@ class StreamingSimpleScheduler(BatchingOptions):
                 self._finish_non_streaming(msg.request_id, result)
             return
         try:
-            results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in valid], loop=loop)
+            results = self.busy.call(call_sync_or_async, self.batch_compute_fn, [msg.data for msg in valid], loop=loop)
             if not isinstance(results, Sequence) or len(results) != len(valid):
                 count = len(results) if isinstance(results, Sequence) else type(results).__name__
                 raise ValueError(f"batch_compute_fn returned {count} results for {len(valid)} requests")
@@ -393,7 +401,7 @@ class StreamingSimpleScheduler(BatchingOptions):
         """Run ``compute_fn`` on one non-streaming payload."""
         if self.compute_fn is None:
             raise RuntimeError(f"{type(self).__name__} does not support non-streaming compute")
-        return call_sync_or_async(self.compute_fn, payload, loop=loop)
+        return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop)
 
     def _finish_non_streaming(self, request_id: str, outcome: object) -> None:
         # An exception object as the outcome fails only this request.
@@ -446,7 +454,7 @@ class StreamingSimpleScheduler(BatchingOptions):
             # The request already finished here; new state for it would leak.
             return
         with self.state_lock:
-            self._put_unless_aborted(request_id, self.on_stream_chunk(request_id, chunk))
+            self._put_unless_aborted(request_id, self.busy.call(self.on_stream_chunk, request_id, chunk))
 
     def handle_stream_chunk_batch(self, batch: list[IncomingMessage]) -> None:
         """Validate a chunk batch and hand it to :meth:`on_stream_chunk_batch`."""
@@ -460,8 +468,12 @@ class StreamingSimpleScheduler(BatchingOptions):
                 self.emit_error(msg.request_id, exc)
                 self.abort(msg.request_id)
         items = [(rid, item) for rid, item in items if not self.is_aborted(rid)]
-        if items:
-            self.on_stream_chunk_batch(items)
+        if not items:
+            return
+        if type(self).on_stream_chunk_batch is StreamingSimpleScheduler.on_stream_chunk_batch:
+            self.on_stream_chunk_batch(items)  # the default times each on_stream_chunk itself
+        else:
+            self.busy.call(self.on_stream_chunk_batch, items)
 
     def handle_stream_done(self, request_id: str) -> None:
         """End of the request's stream: complete it, or latch it until the payload."""
@@ -470,9 +482,9 @@ class StreamingSimpleScheduler(BatchingOptions):
                 if request_id in self.completed_request_ids:
                     return
                 self.pending_done.add(request_id)
-                self._put_unless_aborted(request_id, self.on_stream_done_before_payload(request_id))
+                self._put_unless_aborted(request_id, self.busy.call(self.on_stream_done_before_payload, request_id))
                 return
-            messages = self.on_stream_done(request_id)
+            messages = self.busy.call(self.on_stream_done, request_id)
             if messages is not None:
                 self.complete_stream_request(request_id, messages)
 

@@ -27,6 +27,7 @@ from omni_trio.scheduling._support import (
     refuse_if_full,
     result_message,
 )
+from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
@@ -84,6 +85,8 @@ class ThreadedSimpleScheduler:
         # the request, so they are kept in a bounded (oldest-first) set.
         self._speculative = SyncIdSet()
         self._stopping = False
+        #: How long compute ran here (``stats()``'s ``busy_seconds``; a ``dispatch_fn``'s work is not seen).
+        self.busy = BusyTime()
 
     def warm_up_serving_thread(self) -> None:
         """Build thread-local state on the scheduler thread (nothing by default)."""
@@ -199,7 +202,7 @@ class ThreadedSimpleScheduler:
         loop = ThreadLoop()
         try:
             assert self.compute_fn is not None
-            return call_sync_or_async(self.compute_fn, payload, loop=loop)
+            return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop)
         finally:
             loop.close()
 

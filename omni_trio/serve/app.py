@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -42,6 +43,10 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
+from omni_trio.stage.stage import describe_error
+from omni_trio.tracing import get_logger
+
+log = get_logger(__name__)
 
 _SPEECH_MEDIA = {"pcm": "audio/pcm", "wav": "audio/wav"}
 _OUTCOME_OF_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large"}
@@ -70,6 +75,7 @@ class OpenAIApp:
         self._adapter = adapter
         self._metrics = metrics
         self._created = int(time.time())
+        self._scrape = trio.Lock()
         self.asgi = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -103,7 +109,19 @@ class OpenAIApp:
                              "not_ready": health.not_ready()}, status_code=503)
 
     async def metrics(self, request: Request) -> Response:
-        """``GET /metrics``: Prometheus text format."""
+        """``GET /metrics``: Prometheus text format, the runtime totals from a fresh ``stats()``.
+
+        Scrapes take their snapshot one at a time, so snapshots are observed in the
+        order they were taken. When the stages do not answer (a worker is just
+        dying), the last totals are shown.
+        """
+        async with self._scrape:
+            try:
+                stats = await self._pipeline.stats()
+            except (trio.TooSlowError, OmniTrioError) as exc:
+                log.warning("metrics_stats_unavailable", error=describe_error(exc))
+            else:
+                self._metrics.runtime.observe(stats)
         return Response(self._metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ------------------------------------------------------------------ model endpoints

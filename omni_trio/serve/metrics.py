@@ -1,8 +1,15 @@
-"""The server's Prometheus metrics, in a registry of its own (one per server)."""
+"""The server's Prometheus metrics, in a registry of its own (one per server).
+
+Request counters and histograms are kept here as requests end; the stages'
+compute time and bytes per edge come from ``pipeline.stats()`` at each scrape
+(:mod:`omni_trio.serve.totals`). docs/serving.md lists every series.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from omni_trio.serve.totals import RuntimeTotals
 
 #: Request outcomes: ``ok`` or what the answer's error was.
 OUTCOMES = (
@@ -12,7 +19,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class Metrics:
-    """Request counters and latency histograms of one server, as ``GET /metrics`` shows them."""
+    """Request counters, latency histograms and runtime totals of one server, as ``GET /metrics`` shows them."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -33,6 +40,10 @@ class Metrics:
             "omni_trio_time_to_first_audio_seconds", "from a model request's arrival to its first audio bytes",
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
+
+        #: The runtime's totals (``observe`` a ``pipeline.stats()`` snapshot before rendering).
+        self.runtime = RuntimeTotals()
+        self.registry.register(self.runtime)
 
     def render(self) -> bytes:
         """The Prometheus text format."""

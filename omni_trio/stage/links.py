@@ -10,9 +10,11 @@ with the same methods.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from omni_trio.comm.router import TransportLog
+from omni_trio.comm.router import COORDINATOR, TransportLog
+from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.payload import StagePayload, StreamItem
 
 if TYPE_CHECKING:
@@ -64,13 +66,15 @@ class LocalStageLink:
 
     async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
         """Deliver the payload itself when shared, else a deep copy (tensors cloned)."""
-        self._transports.note("payload", self.target, "local_object" if share else "local_copy")
+        self._transports.note("payload", self.target, "local_object" if share else "local_copy", tensor_bytes(payload))
         delivered = payload if share else copy.deepcopy(payload)
         await self._stage.deliver_payload(request_id, from_stage, delivered)
 
     async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
         """Deliver the chunks by reference (receivers treat them as read-only)."""
-        self._transports.note("stream", self.target, "local_object")
+        # Counted as the remote link sends them: each chunk with its metadata.
+        carried = tensor_bytes([(item.data, item.metadata) for item in items])
+        self._transports.note("stream", self.target, "local_object", carried)
         await self._stage.deliver_stream_chunks(request_id, from_stage, items)
 
     async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
@@ -79,20 +83,28 @@ class LocalStageLink:
 
 
 class LocalCoordinatorLink:
-    """The coordinator lives in this process: report to it directly."""
+    """The coordinator lives in this process: report to it directly.
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    ``transports(stage)`` is the sending stage's :class:`TransportLog`, which
+    counts what each stage hands the caller (as ``local_object`` to ``"coordinator"``).
+    """
+
+    def __init__(self, coordinator: Coordinator, transports: Callable[[str], TransportLog]) -> None:
         self._coordinator = coordinator
+        self._transports = transports
 
     async def complete(
         self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None
     ) -> None:
         """Report completion or failure."""
+        if error is None:
+            self._transports(from_stage).note("result", COORDINATOR, "local_object", tensor_bytes(result))
         self._coordinator.on_complete(request_id, from_stage, result=result, error=error)
 
     async def stream(
         self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
     ) -> None:
         """Deliver the chunks to the caller's stream."""
+        self._transports(from_stage).note("stream", COORDINATOR, "local_object", tensor_bytes(chunks))
         for offset, chunk in enumerate(chunks):
             self._coordinator.on_stream(request_id, from_stage, chunk, first_chunk_id + offset, modality)

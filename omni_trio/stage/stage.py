@@ -22,10 +22,12 @@ from typing import Any
 import attrs
 import trio
 
+from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig, import_string
 from omni_trio.errors import StageStartupError
 from omni_trio.idset import BoundedIdSet
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
+from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -45,9 +47,18 @@ log = get_logger(__name__)
 STOP_GRACE_S = 5.0
 
 
+#: ``attrs`` metadata key of the :class:`StageStats` fields that are running totals, not held state.
+CUMULATIVE = "cumulative"
+
+
 @attrs.frozen
 class StageStats:
-    """Counters of one stage; all zero when no request is in flight."""
+    """Counters of one stage; the held-state ones are all zero when no request is in flight.
+
+    ``busy_seconds`` and ``sent_bytes`` are running totals since the stage
+    started (a restarted worker's stages start again from zero); see
+    docs/serving.md for what they count.
+    """
 
     active_requests: int
     pending_fan_in: int
@@ -56,6 +67,11 @@ class StageStats:
     relay_buffers: int
     queued_inbox: int
     healthy: bool = True
+    #: Compute-seconds the scheduler spent in user compute (0 for a scheduler without a :class:`BusyTime`).
+    busy_seconds: float = attrs.field(default=0.0, metadata={CUMULATIVE: True})
+    #: Tensor bytes sent, ``{receiver: {transport: bytes}}``; the receiver is a stage, a replica's
+    #: address (``voc@r1``) or ``"coordinator"`` (the caller); transports as in the trace.
+    sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False, metadata={CUMULATIVE: True})
 
     @property
     def idle(self) -> bool:
@@ -112,6 +128,9 @@ class Stage:
         self._enqueue: Callable[[IncomingMessage], None] = getattr(scheduler, "enqueue", scheduler.inbox.put)
         self._claim = getattr(scheduler, "claim_result", None)
         self._release = getattr(scheduler, "release_result", None)
+        busy = getattr(scheduler, "busy", None)
+        self._busy: BusyTime | None = busy if isinstance(busy, BusyTime) else None
+        self._transports: TransportLog | None = None
 
         self.active: set[str] = set()
         self.aborted = BoundedIdSet()
@@ -147,12 +166,15 @@ class Stage:
         relay_in_use: Callable[[], int] | None = None,
         on_retire: Callable[[str], None] | None = None,
         bindings: BindingTable | None = None,
+        transports: TransportLog | None = None,
     ) -> None:
         """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
         runs when the stage drops a request (abort or failure), after its own cleanup. ``bindings``
         is the process's replica binding table: the stage holds a request's entry while it holds
-        the request."""
+        the request. ``transports`` is the log its links (and its coordinator link) note sends in,
+        whose byte counts :meth:`stats` reports."""
         self._links = dict(links)
+        self._transports = transports
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
         self._on_retire = on_retire
@@ -472,6 +494,8 @@ class Stage:
             relay_buffers=self._relay_in_use(),
             queued_inbox=self._queued_work(),
             healthy=self._unhealthy is None,
+            busy_seconds=0.0 if self._busy is None else self._busy.seconds,
+            sent_bytes={} if self._transports is None else self._transports.sent_bytes(),
         )
 
     # ------------------------------------------------------------------ outbox drain

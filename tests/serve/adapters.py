@@ -16,3 +16,14 @@ class TrailAdapter(ServeAdapter):
 
     def completion(self, result: Any) -> Completion:
         return Completion(" ".join(result["trail"]))
+
+
+class HolderAdapter(TrailAdapter):
+    """For ``create_replica_holder``: the replica reports into ``folder``; ``block`` holds the request."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def chat_input(self, request: ChatRequest) -> PipelineInput:
+        given = super().chat_input(request)
+        return PipelineInput(given.inputs, {**given.params, "dir": self.folder})

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
+import omni_trio as ot
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
@@ -105,3 +108,77 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
                    for pid in workers)
     assert list(tmp_path.glob("omnitrio-*")) == []
     assert run_prefix and not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+
+
+SMALL_CONFIG = """
+entry_stage = "slow"
+[[stages]]
+name = "slow"
+factory_path = "tests.stages.create_block_until_aborted"
+process = "p_slow"
+terminal = true
+[serve]
+model = "toy"
+adapter = "tests.serve.adapters.TrailAdapter"
+grace_period_s = 0.5
+"""
+
+
+def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) -> None:
+    config = short_tmp / "serve.toml"
+    config.write_text(SMALL_CONFIG)
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT),
+         "--deadline", "2", "--trace", str(short_tmp / "run.jsonl")],
+        cwd=short_tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    workers: set[int] = set()
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        url = line.split()[-1]
+        workers = _children(server.pid)
+        assert len(workers) == 1
+        spec = pickle.loads(next(short_tmp.glob("omnitrio-*/p_slow.spec")).read_bytes())
+        run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
+        body = {"model": "toy", "messages": [{"role": "user", "content": "block"}], "stream": True}
+        # --deadline is every request's default deadline: a request that cannot end gets a 504 after it.
+        timed_out = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert timed_out.status_code == 504 and timed_out.json()["error"]["code"] == "deadline_exceeded"
+        outcome: list[str] = []
+
+        def held() -> None:
+            try:  # its own deadline, past the grace period
+                httpx.post(f"{url}/v1/chat/completions", json={**body, "deadline": 30}, timeout=60)
+                outcome.append("answered")
+            except httpx.HTTPError:
+                outcome.append("cut off")
+
+        client = threading.Thread(target=held)
+        client.start()
+        deadline = time.monotonic() + 30
+        while "omni_trio_requests_in_flight 1.0" not in httpx.get(f"{url}/metrics").text:
+            assert time.monotonic() < deadline, "the request never got in flight"
+            time.sleep(0.05)
+        # The request cannot end by itself: the grace period ends it, then the server exits.
+        server.send_signal(signal.SIGINT)
+        client.join(60)
+        assert outcome == ["cut off"]
+        assert server.wait(60) == 0
+        assert server.stdout.read() == ""
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(30)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert list(short_tmp.glob("omnitrio-*")) == []
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+    # --trace: the main process and the worker each wrote their events.
+    events = ot.read_trace(short_tmp / "run.jsonl")
+    assert {e["event"] for e in events} >= {"request_submitted", "request_aborted", "stage_dispatch"}
+    assert {e["process"] for e in events} == {"main", "p_slow"}

@@ -38,7 +38,7 @@ def test_speech_streams_pcm_with_the_sync_client(speech_server: SpeechServer) ->
 
 
 def test_speech_sse_sends_a_delta_per_vocoder_chunk_then_done(speech_server: SpeechServer) -> None:
-    body = {"model": MODEL, "input": "one more", "voice": "x", "response_format": "wav", "stream_format": "sse"}
+    body = {"model": MODEL, "input": "one more", "voice": "echo", "response_format": "wav", "stream_format": "sse"}
     with httpx.stream("POST", f"{speech_server.url}/v1/audio/speech", json=body,
                       headers={"accept": "application/octet-stream"}, timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -49,7 +49,7 @@ def test_speech_sse_sends_a_delta_per_vocoder_chunk_then_done(speech_server: Spe
                           "usage": {"input_tokens": 0, "output_tokens": TOKENS, "total_tokens": TOKENS}}
     wav = b"".join(deltas)
     assert wav[:44] == wav_header(models.SAMPLE_RATE)
-    assert wav[44:] == speech_server.expected_pcm("one more")
+    assert wav[44:] == speech_server.expected_pcm("one more", voice="echo")
 
 
 async def test_chat_streams_text_and_audio_with_the_async_client(speech_server: SpeechServer) -> None:
@@ -116,7 +116,7 @@ async def test_eight_concurrent_streaming_clients_get_the_same_audio(speech_serv
 def test_a_client_leaving_mid_stream_leaves_nothing_behind(speech_server: SpeechServer) -> None:
     before = _metric(httpx.get(f"{speech_server.url}/metrics").text, 'omni_trio_requests_total{outcome="disconnected"}')
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}], "stream": True,
-            "max_tokens": 1000, "modalities": ["text", "audio"], "audio": {"voice": "a", "format": "pcm16"}}
+            "max_tokens": 1000, "modalities": ["text", "audio"], "audio": {"voice": "nova", "format": "pcm16"}}
     with httpx.stream("POST", f"{speech_server.url}/v1/chat/completions", json=body, timeout=60) as response:
         next(response.iter_lines())  # (test_errors.py shows the abort on a request that cannot end by itself)
     # The abort reaches every stage at once: within a bounded wait nothing of it is left anywhere, and
@@ -154,3 +154,51 @@ def test_models_health_and_metrics(speech_server: SpeechServer) -> None:
     assert _metric(again, "omni_trio_time_to_first_audio_seconds_count") == first_audio + 1
     ok = 'omni_trio_requests_total{outcome="ok"}'
     assert _metric(again, ok) > _metric(text, ok)
+
+
+def test_a_wav_stream_starts_with_a_streaming_header(speech_server: SpeechServer) -> None:
+    body = {"model": MODEL, "input": "wave at me", "voice": "alloy", "response_format": "wav"}
+    with httpx.stream("POST", f"{speech_server.url}/v1/audio/speech", json=body,
+                      headers={"accept": "application/octet-stream"}, timeout=60) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        parts = list(response.iter_raw())
+    wav = b"".join(parts)
+    # The header has no length (the audio is still being made), and arrives with the first samples.
+    assert parts[0].startswith(wav_header(models.SAMPLE_RATE)) and len(parts[0]) > 44
+    assert wav[44:] == speech_server.expected_pcm("wave at me")
+
+
+def test_voice_and_speed_change_the_audio(speech_server: SpeechServer) -> None:
+    client = openai.OpenAI(base_url=f"{speech_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def speak(voice: str, speed: float = 1.0) -> bytes:
+        return client.audio.speech.create(model=MODEL, input="in my voice", voice=voice, speed=speed,
+                                          response_format="pcm").read()
+
+    alloy, onyx = speak("alloy"), speak("onyx")
+    assert alloy == speech_server.expected_pcm("in my voice")  # alloy is the model's own voice
+    assert onyx == speech_server.expected_pcm("in my voice", voice="onyx")
+    assert len(onyx) == len(alloy) and onyx != alloy
+    assert len(speak("alloy", 2.0)) == len(alloy) // 2
+    assert len(speak("alloy", 0.5)) == len(alloy) * 2
+    for bad, param in [({"voice": "nobody"}, "voice"), ({"speed": 9}, "speed")]:
+        body = {"model": MODEL, "input": "hi", "voice": "alloy", **bad}
+        response = httpx.post(f"{speech_server.url}/v1/audio/speech", json=body, timeout=60)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"],
+            "audio": {"voice": "nobody", "format": "pcm16"}}
+    response = httpx.post(f"{speech_server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "audio.voice", response.text
+    assert "onyx" in response.json()["error"]["message"]  # it says which voices there are
+
+
+def test_metrics_show_busy_stages_and_the_bytes_each_edge_carried(speech_server: SpeechServer) -> None:
+    client = openai.OpenAI(base_url=f"{speech_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    before = httpx.get(f"{speech_server.url}/metrics").text
+    pcm = client.audio.speech.create(model=MODEL, input="measure me", voice="alloy", response_format="pcm").read()
+    after = httpx.get(f"{speech_server.url}/metrics").text
+    for stage in ("preprocess", "text_encoder", "thinker", "talker", "vocoder"):
+        assert _metric(after, f'omni_trio_stage_busy_seconds_total{{stage="{stage}"}}') > _metric(
+            before, f'omni_trio_stage_busy_seconds_total{{stage="{stage}"}}'), stage
+    to_caller = 'omni_trio_edge_bytes_total{from_stage="vocoder",to_stage="coordinator",transport="local_object"}'
+    assert _metric(after, to_caller) - _metric(before, to_caller) == 2 * len(pcm)  # float32 made, PCM16 sent
