@@ -123,6 +123,7 @@ def connect_stages(
             relay_in_use=functools.partial(endpoint.relay_in_use, stage.address),
             on_retire=functools.partial(endpoint.return_held_credits, stage.address),
             bindings=bindings,
+            allocator=endpoint.allocator(stage.address),
         )
 
 

@@ -37,6 +37,8 @@ from omni_trio.payload import OmniRequest, StagePayload
 if TYPE_CHECKING:
     import torch
 
+    from omni_trio.comm.alloc import SlotAllocator
+
 @attrs.frozen
 class _PackedInline:
     """An inline object whose tensors travel beside it as packed bytes.
@@ -164,10 +166,12 @@ async def encode_object(
     object_id: str,
     kind: DataRefKind,
     gpu_peers: bool = False,
+    allocator: SlotAllocator | None = None,
 ) -> tuple[DataRef, ShmPut | None]:
     """Write ``obj`` for ``target``; return its DataRef and the relay put to settle (None inline).
 
-    The transport comes from :func:`~omni_trio.comm.router.choose_transport`.
+    The transport comes from :func:`~omni_trio.comm.router.choose_transport`. Tensors that lie in
+    one slot of ``allocator`` (``ot.empty``) are sent by reference, without a copy.
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
@@ -177,10 +181,14 @@ async def encode_object(
     )
     if ref is not None:
         return ref, None
-    from omni_trio.comm.packing import pack_tensors, write_packed
+    lent = None if allocator is None else await allocator.lend(target, tensors)
+    if lent is not None:
+        put, entries = lent
+    else:
+        from omni_trio.comm.packing import pack_tensors, write_packed
 
-    total, entries = pack_tensors(tensors)
-    put = await relay.put(target, total, lambda view: write_packed(view, tensors, entries))
+        total, entries = pack_tensors(tensors)
+        put = await relay.put(target, total, lambda view: write_packed(view, tensors, entries))
     ref = DataRef(
         kind=kind,
         object_id=object_id,

@@ -21,6 +21,7 @@ and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 import zmq
 
+from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
@@ -112,6 +114,7 @@ class Endpoint:
         self._push: dict[str, TrioSocket] = {}
         self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
+        self._allocators: dict[str, SlotAllocator] = {}
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
@@ -243,6 +246,15 @@ class Endpoint:
             )
         return relay
 
+    def allocator(self, sender: str) -> SlotAllocator:
+        """Where ``ot.empty`` in ``sender``'s compute takes its slots (``sender``'s relay); call on the loop."""
+        allocator = self._allocators.get(sender)
+        if allocator is None:
+            allocator = self._allocators[sender] = SlotAllocator(
+                functools.partial(self._relay, sender), stage=sender, tracer=self.tracer
+            )
+        return allocator
+
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
         return self._transfers.in_use(sender)
@@ -292,7 +304,14 @@ class Endpoint:
             ref = inline
         else:
             ref, put = await encode_object(
-                obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+                obj,
+                relay=relay,
+                sender=sender,
+                target=receiver,
+                object_id=object_id,
+                kind=kind,
+                gpu_peers=gpu_peers,
+                allocator=self._allocators.get(sender),
             )
         written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value)

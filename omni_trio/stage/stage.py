@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.config import StageConfig, import_string
 from omni_trio.errors import StageStartupError
 from omni_trio.idset import BoundedIdSet
@@ -129,6 +130,7 @@ class Stage:
         #: Set when :meth:`run` has returned.
         self.stopped = trio.Event()
         self._thread: SchedulerThread | None = None
+        self._allocator: SlotAllocator | None = None
 
     @staticmethod
     def _build_input(config: StageConfig) -> InputHandler:
@@ -147,12 +149,14 @@ class Stage:
         relay_in_use: Callable[[], int] | None = None,
         on_retire: Callable[[str], None] | None = None,
         bindings: BindingTable | None = None,
+        allocator: SlotAllocator | None = None,
     ) -> None:
         """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
         runs when the stage drops a request (abort or failure), after its own cleanup. ``bindings``
         is the process's replica binding table: the stage holds a request's entry while it holds
-        the request."""
+        the request. ``allocator``: where ``ot.empty`` on the scheduler's threads takes its slots."""
         self._links = dict(links)
+        self._allocator = allocator
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
         self._on_retire = on_retire
@@ -172,7 +176,7 @@ class Stage:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the scheduler thread, report ready, serve until :meth:`stop`, then drain."""
-        self._thread = SchedulerThread(self.name, self.scheduler)
+        self._thread = SchedulerThread(self.name, self.scheduler, self._allocator)
         self._thread.start()
         await self._thread.warm.wait()
         if self._thread.warm_up_error is not None:
