@@ -96,8 +96,10 @@ class SlotAllocator:
             return self._fallback(shape, dtype, nbytes, "called on the event loop, which must not wait for a slot")
         try:
             array = trio.from_thread.run(self._hold, nbytes, trio_token=self._token)
-        except trio.RunFinishedError:
-            array = None
+        except (trio.RunFinishedError, trio.Cancelled, trio.ClosedResourceError):
+            return self._fallback(shape, dtype, nbytes, "the stage's process is shutting down")
+        except OSError as exc:  # a plain allocation may still work where a new segment did not
+            return self._fallback(shape, dtype, nbytes, f"no shared-memory slot: {exc}")
         if array is None:
             return self._fallback(shape, dtype, nbytes, "no free room in the shared-memory pool")
         return torch.from_numpy(array).view(dtype).view(tuple(shape))
