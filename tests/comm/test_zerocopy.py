@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import trio
 
@@ -163,11 +164,37 @@ async def test_a_full_pool_falls_back_to_a_plain_allocation_traced(shm_prefix: s
     assert fallback["stage"] == "a" and fallback["bytes"] == 4 * NUMEL and "pool" in fallback["reason"]
 
 
-def _pipeline(base: Path, *, embedded: bool = False) -> ot.PipelineConfig:
+async def test_lends_take_credits_of_their_target(shm_prefix: str) -> None:
+    """Back-pressure holds for lent slots: with one credit, a second send waits for the first ACK."""
+    with trio.fail_after(20):
+        async with ShmRelay(shm_prefix, pool_bytes=8 << 20, credits_per_target=1) as relay:
+            allocator = SlotAllocator(lambda: relay, stage="a", tracer=Tracer(None, "main"))
+            tensors = [await _in_thread(allocator, _filled, float(i)) for i in range(2)]
+            _, put = await encode_object({"t": tensors[0]}, relay=relay, sender="a", target="b", object_id="o1",
+                                         kind=DataRefKind.stage_payload, allocator=allocator)
+            sent: list[Any] = []
+
+            async def send_second() -> None:
+                sent.append(await encode_object({"t": tensors[1]}, relay=relay, sender="a", target="b",
+                                                object_id="o2", kind=DataRefKind.stage_payload,
+                                                allocator=allocator))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_second)
+                await trio.testing.wait_all_tasks_blocked()
+                assert sent == [] and relay.in_use("b") == 1  # waiting for b's only credit
+                assert put is not None
+                relay.settle(put, True)
+            (_, put2), = sent
+            assert put2 is not None and put2.name != put.name and allocator.sent_by_reference == 2
+            relay.settle(put2, True)
+
+
+def _pipeline(base: Path, *, embedded: bool = False, scheduler: str = "simple") -> ot.PipelineConfig:
     return helpers.config(
         base,
         ot.StageConfig(name="src", factory_path="tests.comm.zerocopy_stages.create_empty_source",
-                       process=None if embedded else "p_src", next="sink"),
+                       factory={"scheduler": scheduler}, process=None if embedded else "p_src", next="sink"),
         ot.StageConfig(name="sink", factory_path="tests.comm.zerocopy_stages.create_reporting_sink",
                        process=None if embedded else "p_sink", terminal=True),
     )
@@ -214,6 +241,15 @@ async def test_kept_and_unsent_tensors_in_processes(ipc_base: Path) -> None:
                 for i in range(4)
             ]
             assert len(set(unsent)) == 1 and is_pooled_slot(unsent[0]), unsent
+
+
+@pytest.mark.parametrize("scheduler", ["concurrent", "threaded"])
+async def test_schedulers_pass_the_pool_on_to_their_threads(ipc_base: Path, scheduler: str) -> None:
+    with trio.fail_after(60):
+        async with ot.open_pipeline(_pipeline(ipc_base, scheduler=scheduler)) as pipeline:
+            out = await pipeline.submit("r", "x", params={"numel": NUMEL, "fill": 4.0})
+    assert is_pooled_slot(out["src_mapped"]) and out["mapped"] == out["src_mapped"], out
+    assert out["sum"] == 4.0 * NUMEL
 
 
 async def test_embedded_stages_get_plain_tensors(ipc_base: Path) -> None:

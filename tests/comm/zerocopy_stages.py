@@ -7,19 +7,21 @@ from typing import Any
 import torch
 
 import omni_trio as ot
-from omni_trio import SimpleScheduler, StagePayload
+from omni_trio import SimpleScheduler, StagePayload, ThreadedSimpleScheduler
 from tests.comm.pool_stages import _mapping_of
 
 _kept: list[torch.Tensor] = []
 
 
-def create_empty_source() -> SimpleScheduler:
+def create_empty_source(scheduler: str = "simple") -> SimpleScheduler | ThreadedSimpleScheduler:
     """Fills ``ot.empty(numel)`` with ``fill`` and returns it as ``{"t": ...}``.
 
     Params: ``numel``, ``fill``; ``offset`` sends the slice ``t[offset:]`` (a view); ``keep`` keeps
     the tensor after sending it (later requests report its sum as ``kept_sum``); ``drop_only``
     allocates and drops a tensor without sending it (the result says where it was). ``mapped``
-    is the file the tensor's memory is mapped from, as the stage saw it.
+    is the file the tensor's memory is mapped from, as the stage saw it. ``scheduler``: ``simple``
+    (the default), ``concurrent`` (``SimpleScheduler(max_concurrency=2)``) or ``threaded``
+    (``ThreadedSimpleScheduler``): the last two run ``fn`` on threads of their own.
     """
 
     def fn(payload: StagePayload) -> StagePayload:
@@ -40,6 +42,10 @@ def create_empty_source() -> SimpleScheduler:
         payload.data = info
         return payload
 
+    if scheduler == "threaded":
+        return ThreadedSimpleScheduler(fn, max_concurrency=2)
+    if scheduler == "concurrent":
+        return SimpleScheduler(fn, max_concurrency=2)
     return SimpleScheduler(fn)
 
 
