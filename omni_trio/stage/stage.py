@@ -483,8 +483,9 @@ class Stage:
     async def _drain(self, source: OutboxSource) -> None:
         try:
             while True:
-                batch = await source.next_batch()
-                if await self._handle_batch(batch):
+                # No local keeps the batch alive while the next one is awaited: what was sent (an
+                # ot.empty tensor's slot, for one) is freed as soon as it is sent.
+                if await self._handle_batch(await source.next_batch()):
                     return
                 # Let co-located stages run between batches (SPEC §3.4).
                 await trio.lowlevel.checkpoint()
