@@ -70,11 +70,12 @@ class _Held:
 class SlotAllocator:
     """Hands out tensors backed by held slots of one sending stage's relay; build it on the trio loop.
 
-    ``relay()`` returns the stage's relay (made on first use); ``stage`` names the stage in traces.
+    ``relay()`` returns the stage's relay (made on first use), None once the process is shutting down
+    (then nothing more is allocated); ``stage`` names the stage in traces.
     :meth:`empty` may be called from any thread but the loop's own.
     """
 
-    def __init__(self, relay: Callable[[], ShmRelay], *, stage: str, tracer: Tracer) -> None:
+    def __init__(self, relay: Callable[[], ShmRelay | None], *, stage: str, tracer: Tracer) -> None:
         self._relay = relay
         self._stage = stage
         self._tracer = tracer
@@ -115,6 +116,8 @@ class SlotAllocator:
         import numpy
 
         relay = self._relay()
+        if relay is None:
+            raise trio.ClosedResourceError("the stage's process is shutting down")
         held = await relay.hold(nbytes)
         if held is None:
             return None
@@ -134,7 +137,9 @@ class SlotAllocator:
         held = self._held.get(address)
         if held is not None and held.name == name:
             del self._held[address]
-        self._relay().unhold(name)
+        relay = self._relay()
+        if relay is not None:
+            relay.unhold(name)
 
     def plan(self, tensors: Mapping[str, torch.Tensor]) -> LendPlan | None:
         """How to send ``tensors`` by reference: all contiguous, in one held slot; else None (copy them)."""
@@ -171,7 +176,8 @@ class SlotAllocator:
         plan = self.plan(tensors)
         if plan is None:
             return None
-        put = await self._relay().lend(plan.name, target, plan.length)
+        relay = self._relay()
+        put = None if relay is None else await relay.lend(plan.name, target, plan.length)
         if put is None:
             if self._tracer.enabled:
                 self._tracer.event(

@@ -251,9 +251,13 @@ class Endpoint:
         allocator = self._allocators.get(sender)
         if allocator is None:
             allocator = self._allocators[sender] = SlotAllocator(
-                functools.partial(self._relay, sender), stage=sender, tracer=self.tracer
+                functools.partial(self._open_relay, sender), stage=sender, tracer=self.tracer
             )
         return allocator
+
+    def _open_relay(self, sender: str) -> ShmRelay | None:
+        """``sender``'s relay, or None once the endpoint is stopping (its relays are closed or closing)."""
+        return None if self._serving.cancel_called else self._relay(sender)
 
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
