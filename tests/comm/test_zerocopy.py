@@ -157,11 +157,16 @@ async def test_a_full_pool_falls_back_to_a_plain_allocation_traced(shm_prefix: s
             small = await _in_thread(allocator, ot.empty, 16)
             assert not _mapping_of(small.data_ptr()).startswith(SHM_DIR)
             assert not _mapping_of(ot.empty(NUMEL).data_ptr()).startswith(SHM_DIR)
+            # On the event loop itself (inline compute) it never waits for a slot.
+            with allocating(allocator):
+                on_loop = ot.empty(NUMEL)
+            assert not _mapping_of(on_loop.data_ptr()).startswith(SHM_DIR)
             assert relay.pool_stats()["slots"] == 2
-            del held, second, small
+            del held, second, small, on_loop
         tracer.close()
-    (fallback,) = _events(tmp_path / "trace.jsonl", "zero_copy_fallback")
-    assert fallback["stage"] == "a" and fallback["bytes"] == 4 * NUMEL and "pool" in fallback["reason"]
+    full, loop = _events(tmp_path / "trace.jsonl", "zero_copy_fallback")
+    assert full["stage"] == "a" and full["bytes"] == 4 * NUMEL and "pool" in full["reason"]
+    assert "event loop" in loop["reason"]
 
 
 async def test_lends_take_credits_of_their_target(shm_prefix: str) -> None:
