@@ -141,29 +141,33 @@ class SlotAllocator:
         if relay is not None:
             relay.unhold(name)
 
-    def plan(self, tensors: Mapping[str, torch.Tensor]) -> LendPlan | None:
-        """How to send ``tensors`` by reference: all contiguous, in one held slot; else None (copy them)."""
+    def plan(self, tensors: Mapping[str, torch.Tensor]) -> LendPlan | str | None:
+        """How to send ``tensors`` by reference: all contiguous, in one held slot.
+
+        None when none of them is in a held slot; otherwise the plan, or why there is none (a text
+        for the trace: the tensors are then copied).
+        """
         from omni_trio.comm.packing import pack_tensors
 
         if not tensors or not self._held:
             return None
-        slot: _Held | None = None
-        base = 0
-        for tensor in tensors.values():
-            if tensor.device.type != "cpu" or not tensor.is_contiguous():
-                return None
-            address = tensor.untyped_storage().data_ptr()
-            held = self._held.get(address)
-            if held is None or (slot is not None and held is not slot):
-                return None
-            slot, base = held, address
-        assert slot is not None
+        found = [
+            self._held.get(t.untyped_storage().data_ptr()) if t.device.type == "cpu" else None for t in tensors.values()
+        ]
+        slot = found[0]
+        if all(held is None for held in found):
+            return None
+        if slot is None or any(held is not slot for held in found):
+            return "the object's tensors are not all views of one ot.empty tensor"
+        if not all(t.is_contiguous() for t in tensors.values()):
+            return "a view of the ot.empty tensor is not contiguous"
+        base = tensors[next(iter(tensors))].untyped_storage().data_ptr()
         _, packed = pack_tensors(tensors)  # the dtype and layout checks; the offsets are the slot's
         entries: list[TensorEntry] = []
         for entry, tensor in zip(packed, tensors.values(), strict=True):
             offset = tensor.data_ptr() - base
             if offset % tensor.element_size() or offset + entry.size > slot.nbytes:
-                return None
+                return "a view of the ot.empty tensor is misaligned"
             entries.append(attrs.evolve(entry, offset=offset))
         return LendPlan(slot.name, entries, max(1, *(e.offset + e.size for e in entries)))
 
@@ -176,18 +180,19 @@ class SlotAllocator:
         plan = self.plan(tensors)
         if plan is None:
             return None
-        relay = self._relay()
-        put = None if relay is None else await relay.lend(plan.name, target, plan.length)
+        put = None
+        if isinstance(plan, LendPlan):
+            relay = self._relay()
+            put = None if relay is None else await relay.lend(plan.name, target, plan.length)
         if put is None:
             if self._tracer.enabled:
+                reason = plan if isinstance(plan, str) else "the slot is lent to another receiver still"
+                nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
                 self._tracer.event(
-                    "zero_copy_fallback",
-                    stage=self._stage,
-                    to_stage=target,
-                    bytes=plan.length,
-                    reason="the slot is lent to another receiver still",
+                    "zero_copy_fallback", stage=self._stage, to_stage=target, bytes=nbytes, reason=reason
                 )
             return None
+        assert isinstance(plan, LendPlan)
         self.sent_by_reference += 1
         if self._tracer.enabled:
             self._tracer.event(

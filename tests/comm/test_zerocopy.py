@@ -110,11 +110,12 @@ async def test_a_lent_slot_is_sent_by_reference_and_comes_back_when_both_sides_a
     assert not _events(tmp_path / "trace.jsonl", "zero_copy_fallback")
 
 
-async def test_views_go_by_offset_and_a_second_send_of_a_lent_slot_copies(shm_prefix: str) -> None:
+async def test_views_go_by_offset_and_a_second_send_of_a_lent_slot_copies(shm_prefix: str, tmp_path: Path) -> None:
     with trio.fail_after(20):
         cache = SegmentCache()
+        tracer = Tracer(tmp_path / "trace.jsonl", "main")
         async with ShmRelay(shm_prefix, pool_bytes=8 << 20) as relay:
-            allocator = SlotAllocator(lambda: relay, stage="a", tracer=Tracer(None, "main"))
+            allocator = SlotAllocator(lambda: relay, stage="a", tracer=tracer)
             t = await _in_thread(allocator, lambda: torch.arange(NUMEL, dtype=torch.float32, out=ot.empty(NUMEL)))
             slot = os.path.basename(_mapping_of(t.data_ptr()))
             head, tail = t[:1000], t[5000:9000].view(40, 100)
@@ -141,7 +142,9 @@ async def test_views_go_by_offset_and_a_second_send_of_a_lent_slot_copies(shm_pr
             relay.settle(put2, True)
             del got, got2
         cache.clear()
-
+        tracer.close()
+    reasons = [e["reason"] for e in _events(tmp_path / "trace.jsonl", "zero_copy_fallback")]
+    assert [r.split()[-1] for r in reasons] == ["still", "contiguous", "tensor"], reasons
 
 async def test_a_full_pool_falls_back_to_a_plain_allocation_traced(shm_prefix: str, tmp_path: Path) -> None:
     with trio.fail_after(20):
