@@ -9,7 +9,8 @@
   For a pooled slot the receiver builds its tensors as views of the slot (no
   copy) and reports, through ``on_release``, when the last of them is gone;
   for a one-shot segment it copies the bytes out and unlinks it. Either way
-  it ACKs the read.
+  it ACKs the read. Tensors the sending stage built in one slot with
+  ``ot.empty`` (:mod:`omni_trio.comm.alloc`) are not copied: that slot is lent.
 
 Which one is :mod:`omni_trio.comm.router`'s decision.
 
