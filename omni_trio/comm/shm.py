@@ -701,7 +701,7 @@ class ShmRelay:
             await sem.acquire()
         except BaseException:
             if self._slots.get(name) is slot and slot.lease == lease:
-                slot.lease, slot.target = -1, ""
+                self._free(slot)  # back to held (or to the pool, if the sender let go meanwhile)
             raise
         if self._closed or self._slots.get(name) is not slot or slot.lease != lease:
             sem.release()
