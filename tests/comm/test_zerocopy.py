@@ -187,6 +187,12 @@ async def test_lends_take_credits_of_their_target(shm_prefix: str) -> None:
                                                 object_id="o2", kind=DataRefKind.stage_payload,
                                                 allocator=allocator))
 
+            # A send cancelled while it waits gives the slot back: it can be lent later.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_second)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+            assert sent == [] and relay.in_use("b") == 1
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(send_second)
                 await trio.testing.wait_all_tasks_blocked()
