@@ -20,9 +20,9 @@ Lifetime: the slot is held while any tensor of the sender views it (the tensor, 
 release path); only then does it go back to the pool. So a tensor kept after it was sent stays
 valid and its slot is never handed out again under it; but it is the memory the receiver reads:
 writing to it after the send is a data race (undefined for the receiver). Sending:
-:meth:`SlotAllocator.lend` sends an object by reference when every tensor it carries is a contiguous
-view of one held slot (slices by their offset); otherwise, and for a second send of a slot
-that is still lent, the tensors are copied as usual.
+:meth:`SlotAllocator.lend` sends an object by reference when its tensors are contiguous views of
+one held slot (each by its offset) plus at most 16 KiB of other tensors (pickled in the header);
+otherwise, and for a second send of a slot that is still lent, the tensors are copied as usual.
 """
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ _CURRENT: contextvars.ContextVar[SlotAllocator | None] = contextvars.ContextVar(
 
 @attrs.frozen
 class LendPlan:
-    """How an object's tensors lie in one held slot: the slot, the packed entries, the bytes to send."""
+    """How an object's tensors lie in one held slot: the slot, the packed entries of the tensors in
+    it, the bytes to send, and the object's other (small) tensors, which travel in the header."""
 
     name: str
     entries: list[TensorEntry]
     length: int
+    extras: dict[str, torch.Tensor]
 
 
 @attrs.define(eq=False)
@@ -142,7 +144,8 @@ class SlotAllocator:
             relay.unhold(name)
 
     def plan(self, tensors: Mapping[str, torch.Tensor]) -> LendPlan | str | None:
-        """How to send ``tensors`` by reference: all contiguous, in one held slot.
+        """How to send ``tensors`` by reference: the contiguous views of one held slot go by their
+        offsets, the few other tensors (at most 16 KiB in all) inside the header.
 
         None when none of them is in a held slot; otherwise the plan, or why there is none (a text
         for the trace: the tensors are then copied).
@@ -151,31 +154,43 @@ class SlotAllocator:
 
         if not tensors or not self._held:
             return None
-        found = [
-            self._held.get(t.untyped_storage().data_ptr()) if t.device.type == "cpu" else None for t in tensors.values()
-        ]
-        slot = found[0]
-        if all(held is None for held in found):
+        slot: _Held | None = None
+        base = 0
+        in_slot: dict[str, torch.Tensor] = {}
+        extras: dict[str, torch.Tensor] = {}
+        for path, tensor in tensors.items():
+            address = tensor.untyped_storage().data_ptr() if tensor.device.type == "cpu" else 0
+            held = self._held.get(address)
+            if held is None:
+                extras[path] = tensor
+            elif slot is not None and held is not slot:
+                return "the object carries views of two ot.empty tensors"
+            else:
+                slot, base = held, address
+                in_slot[path] = tensor
+        if slot is None:
             return None
-        if slot is None or any(held is not slot for held in found):
-            return "the object's tensors are not all views of one ot.empty tensor"
-        if not all(t.is_contiguous() for t in tensors.values()):
+        if any(t.device.type != "cpu" for t in extras.values()):
+            return "the object carries accelerator tensors beside the ot.empty tensor"
+        # Bounded by their storages: pickling a tensor writes its whole storage, not just its view.
+        if sum(t.untyped_storage().nbytes() for t in extras.values()) > INLINE_LIMIT:
+            return "the object carries more than 16 KiB of other tensors beside the ot.empty tensor"
+        if not all(t.is_contiguous() for t in in_slot.values()):
             return "a view of the ot.empty tensor is not contiguous"
-        base = tensors[next(iter(tensors))].untyped_storage().data_ptr()
-        _, packed = pack_tensors(tensors)  # the dtype and layout checks; the offsets are the slot's
+        _, packed = pack_tensors(in_slot)  # the dtype and layout checks; the offsets are the slot's
         entries: list[TensorEntry] = []
-        for entry, tensor in zip(packed, tensors.values(), strict=True):
+        for entry, tensor in zip(packed, in_slot.values(), strict=True):
             offset = tensor.data_ptr() - base
             if offset % tensor.element_size() or offset + entry.size > slot.nbytes:
                 return "a view of the ot.empty tensor is misaligned"
             entries.append(attrs.evolve(entry, offset=offset))
-        return LendPlan(slot.name, entries, max(1, *(e.offset + e.size for e in entries)))
+        return LendPlan(slot.name, entries, max(1, *(e.offset + e.size for e in entries)), extras)
 
-    async def lend(self, target: str, tensors: Mapping[str, torch.Tensor]) -> tuple[ShmPut, list[TensorEntry]] | None:
+    async def lend(self, target: str, tensors: Mapping[str, torch.Tensor]) -> tuple[ShmPut, LendPlan] | None:
         """Send ``tensors`` to ``target`` by reference when :meth:`plan` allows and the slot is not lent already.
 
-        Returns the relay's put (settled and released like any pooled put) and the tensors' entries;
-        None: copy them instead. Waits for a credit of ``target``.
+        Returns the relay's put with the plan (settled and released like any pooled put); None: copy
+        the tensors instead. Waits for a credit of ``target``.
         """
         plan = self.plan(tensors)
         if plan is None:
@@ -202,7 +217,7 @@ class SlotAllocator:
                 shm_name=plan.name,
                 bytes=sum(e.size for e in plan.entries),
             )
-        return put, plan.entries
+        return put, plan
 
 
 @contextlib.contextmanager

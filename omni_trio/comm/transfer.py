@@ -184,7 +184,13 @@ async def encode_object(
         return ref, None
     lent = None if allocator is None else await allocator.lend(target, tensors)
     if lent is not None:
-        put, entries = lent
+        put, plan = lent
+        entries = plan.entries
+        if plan.extras:
+            from omni_trio.comm.packing import restore
+
+            # The few tensors outside the slot are pickled with the header (at most 16 KiB of them).
+            stripped = restore(stripped, plan.extras, partial=True)
     else:
         from omni_trio.comm.packing import pack_tensors, write_packed
 
