@@ -9,6 +9,7 @@ Everything users need is importable from here::
         result = await pipeline.submit("r0", "hello")
 """
 
+from omni_trio.comm.alloc import empty, empty_like
 from omni_trio.config import (
     CommConfig,
     EndpointsConfig,
@@ -114,6 +115,8 @@ __all__ = [
     "Terminated",
     "ThreadedSimpleScheduler",
     "TimedChunk",
+    "empty",
+    "empty_like",
     "load_config",
     "open_pipeline",
     "read_trace",

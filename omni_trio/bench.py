@@ -8,7 +8,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W3``: the 4-stage chain with 64 requests in flight: requests/s.
 - ``W4``: a float32 tensor (4 MB and 64 MB) from a source stage to a sink stage in another process:
   MB/s and latency (median), next to the single-process cost of ``copy_`` into a preallocated
-  buffer and of ``clone()``.
+  buffer and of ``clone()``; the ``empty_`` metrics are the same with a source that builds its
+  output with ``ot.empty`` (the opt-in zero-copy path, an extra column).
 - ``W5``: a talker streams small int64 chunks to a streaming vocoder in another process that
   forwards each one to the caller: chunks/s and time to first chunk.
 - ``W6``: split -> (upper, count) -> join, a process each: latency.
@@ -53,6 +54,7 @@ import torch
 import trio
 
 from omni_trio import bench_replicas as replica_bench
+from omni_trio.comm.alloc import empty
 from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.coordinator import Coordinator
 from omni_trio.events import StreamMessage
@@ -85,6 +87,20 @@ def create_tensor_source() -> SimpleScheduler:
             cache.clear()
             cache[numel] = torch.ones(numel, dtype=torch.float32)
         payload.data = {"t": cache[numel]}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_empty_tensor_source() -> SimpleScheduler:
+    """Like :func:`create_tensor_source`, but each request's tensor is a fresh ``ot.empty`` (a slot of the
+    stage's shared-memory pool, sent by reference); only its last element is written (the sink reads it):
+    neither source computes its data, so both columns measure the transfer."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        t = empty(int(payload.request.params["numel"]), dtype=torch.float32)
+        t[-1] = 1.0
+        payload.data = {"t": t}
         return payload
 
     return SimpleScheduler(fn)
@@ -241,13 +257,13 @@ def chain_config(stages: int, *, one_process: bool = False) -> PipelineConfig:
     )
 
 
-def tensor_config() -> PipelineConfig:
-    """source -> sink, two worker processes."""
+def tensor_config(source: str = "create_tensor_source") -> PipelineConfig:
+    """source -> sink, two worker processes (``source``: the source's factory in this module)."""
     return PipelineConfig(
         name="bench-tensor",
         entry_stage="source",
         stages=[
-            StageConfig(name="source", process="p_source", factory_path=f"{M}.create_tensor_source", next="sink"),
+            StageConfig(name="source", process="p_source", factory_path=f"{M}.{source}", next="sink"),
             StageConfig(name="sink", process="p_sink", factory_path=f"{M}.create_tensor_sink", terminal=True),
         ],
     )
@@ -407,12 +423,10 @@ def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
     return statistics.median(copies), statistics.median(clones)
 
 
-async def w4(q: bool) -> dict[str, float]:
-    """A float32 tensor from a source process to a sink process; compared with in-process copies."""
-    sizes_mb = [1] if q else [4, 64]
-    runs = 3 if q else 7
-    result: dict[str, float] = {}
-    async with open_pipeline(tensor_config()) as pipeline:
+async def _w4_latencies(source: str, sizes_mb: list[int], runs: int) -> dict[int, float]:
+    """Median seconds per request of each size through :func:`tensor_config` with ``source``."""
+    latencies: dict[int, float] = {}
+    async with open_pipeline(tensor_config(source)) as pipeline:
         for size in sizes_mb:
             numel = size * MB // 4
             await pipeline.submit(f"warm-{size}", "x", params={"numel": numel})
@@ -421,16 +435,35 @@ async def w4(q: bool) -> dict[str, float]:
                 started = time.perf_counter()
                 out = await pipeline.submit(f"r-{size}-{i}", "x", params={"numel": numel})
                 samples.append(time.perf_counter() - started)
-                if out["numel"] != numel:
-                    raise RuntimeError(f"sink saw {out['numel']} elements, expected {numel}")
-            latency = statistics.median(samples)
-            copy_s, clone_s = _copy_costs(numel, max(runs, 5))
-            result[f"{size}MB_latency_ms"] = latency * 1000
-            result[f"{size}MB_MB_per_s"] = size / latency
-            result[f"{size}MB_copy_ms"] = copy_s * 1000
-            result[f"{size}MB_clone_ms"] = clone_s * 1000
-            result[f"{size}MB_ratio_vs_copy"] = latency / copy_s
-            result[f"{size}MB_ratio_vs_clone"] = latency / clone_s
+                if out["numel"] != numel or out["last"] != 1.0:
+                    raise RuntimeError(f"sink saw {out}, expected {numel} elements ending in 1.0")
+            latencies[size] = statistics.median(samples)
+    return latencies
+
+
+async def w4(q: bool) -> dict[str, float]:
+    """A float32 tensor from a source process to a sink process; compared with in-process copies.
+
+    The headline is default stage code (the source returns a tensor it made); the ``empty_`` metrics
+    are the opt-in fast path, a source that builds its output with ``ot.empty`` (sent by reference).
+    """
+    sizes_mb = [1] if q else [4, 64]
+    runs = 3 if q else 7
+    default = await _w4_latencies("create_tensor_source", sizes_mb, runs)
+    fast = await _w4_latencies("create_empty_tensor_source", sizes_mb, runs)
+    result: dict[str, float] = {}
+    for size in sizes_mb:
+        latency = default[size]
+        copy_s, clone_s = _copy_costs(size * MB // 4, max(runs, 5))
+        result[f"{size}MB_latency_ms"] = latency * 1000
+        result[f"{size}MB_MB_per_s"] = size / latency
+        result[f"{size}MB_copy_ms"] = copy_s * 1000
+        result[f"{size}MB_clone_ms"] = clone_s * 1000
+        result[f"{size}MB_ratio_vs_copy"] = latency / copy_s
+        result[f"{size}MB_ratio_vs_clone"] = latency / clone_s
+        result[f"{size}MB_empty_latency_ms"] = fast[size] * 1000
+        result[f"{size}MB_empty_MB_per_s"] = size / fast[size]
+        result[f"{size}MB_empty_ratio_vs_copy"] = fast[size] / copy_s
     return result
 
 

@@ -135,6 +135,7 @@ def connect_stages(
             on_retire=functools.partial(endpoint.return_held_credits, stage.address),
             bindings=bindings,
             transports=transports,
+            allocator=endpoint.allocator(stage.address),
         )
 
 

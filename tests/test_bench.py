@@ -71,3 +71,22 @@ def test_vs_sglang_omni_without_it_names_the_recipe_and_fails(tmp_path: Path) ->
     assert "SGLang-Omni 0.1.9" in proc.stderr and "docs/benchmarks.md" in proc.stderr, proc.stderr
     assert "running W1" not in proc.stderr  # refused before any workload ran
     assert not out.exists()
+
+
+def test_w4_ot_empty_column_is_compared_with_their_only_transfer() -> None:
+    from omni_trio import bench_sglang
+
+    ours = {"64MB_latency_ms": 8.0, "64MB_empty_latency_ms": 2.0, "64MB_empty_ratio_vs_copy": 0.5}
+    theirs = {"64MB_latency_ms": 160.0}
+    assert bench_sglang.compare(ours, theirs) == {"64MB_latency_ms": 0.05, "64MB_empty_latency_ms": 0.0125}
+    rows = {line.split()[1]: line.split() for line in bench_sglang.table({"W4": ours}, {"W4": theirs}, {}).splitlines()}
+    assert rows["64MB_empty_latency_ms"][2:5] == ["2", "160", "0.013"]
+
+
+def test_w4_sources_are_default_code_and_ot_empty(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = bench(out, "--quick", "--only", "W4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = json.loads(out.read_text(encoding="utf-8"))["workloads"]["W4"]
+    assert metrics["1MB_empty_latency_ms"] > 0 and metrics["1MB_empty_MB_per_s"] > 0
+    assert metrics["1MB_latency_ms"] > 0

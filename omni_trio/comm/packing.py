@@ -429,11 +429,11 @@ def unpack_tensors(
     return out
 
 
-def restore(obj: object, tensors: Mapping[str, torch.Tensor]) -> object:
+def restore(obj: object, tensors: Mapping[str, torch.Tensor], *, partial: bool = False) -> object:
     """Substitute every :class:`TensorPlaceholder` in ``obj`` by its tensor.
 
     Walks the same containers as :func:`extract_tensors`. Raises LayoutError
-    if a placeholder has no tensor.
+    if a placeholder has no tensor, unless ``partial`` (it is left in place).
     """
 
     def leaf(node: object, path: Path) -> object:
@@ -442,6 +442,8 @@ def restore(obj: object, tensors: Mapping[str, torch.Tensor]) -> object:
         try:
             return tensors[node.path]
         except KeyError:
+            if partial:
+                return node
             raise LayoutError(f"no tensor for placeholder {node.path!r} at {describe_path(path)}") from None
 
     return _map_containers(obj, leaf)

@@ -455,6 +455,8 @@ class _Slot:
     released: bool = False
     #: When it was last taken (for evicting the least recently used free slot).
     used: int = 0
+    #: A stage's tensor views it (:meth:`ShmRelay.hold`): it stays out of the pool until :meth:`ShmRelay.unhold`.
+    held: bool = False
 
 
 class ShmRelay:
@@ -633,8 +635,8 @@ class ShmRelay:
         return slot
 
     def _free(self, slot: _Slot) -> None:
-        """Back to the pool: nobody reads or writes the slot now."""
-        slot.busy = False
+        """Back to the pool: no receiver reads the slot now (nor the sender, unless it still holds it)."""
+        slot.busy = slot.held
         slot.lease = -1
         slot.target = ""
 
@@ -707,6 +709,59 @@ class ShmRelay:
         if slot.acked:
             self._free(slot)
         return True
+
+    # ------------------------------------------------ slots a stage writes into (omni_trio.comm.alloc)
+
+    async def hold(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
+        """Take a pooled slot of at least ``nbytes`` for the sender to build its output in; None: no room.
+
+        The slot stays out of the pool until :meth:`unhold`; :meth:`lend` sends it without a copy.
+        Returns its name and the relay's mapping of it.
+        """
+        if self._closed or nbytes > self.max_transfer_bytes:
+            return None
+        slot = await self._take_slot(max(nbytes, 1))
+        if slot is None:
+            return None
+        slot.held = True
+        return slot.name, slot.mm
+
+    def unhold(self, name: str) -> None:
+        """The sender no longer views held slot ``name``: it returns to the pool once no receiver does either."""
+        slot = self._slots.get(name)
+        if slot is None or not slot.held:
+            return
+        slot.held = False
+        if slot.lease == -1:
+            self._free(slot)
+
+    async def lend(self, name: str, target: str, length: int) -> ShmPut | None:
+        """Send the first ``length`` bytes of held slot ``name`` to ``target`` as they are (no copy).
+
+        Takes a credit of ``target`` like :meth:`put`, and the put is settled and released the same
+        way. None (nothing taken) when the slot is not held or is lent already (a second send of the
+        same tensor while the first receiver may still view it): the caller copies instead.
+        """
+        slot = self._slots.get(name)
+        if slot is None or not slot.held or slot.lease != -1 or not 1 <= length <= slot.size:
+            return None
+        # Marked before waiting for the credit, so a concurrent lend of the same slot copies instead.
+        slot.lease = lease = next(self._leases)
+        slot.target = target
+        sem = self._semaphore(target)
+        try:
+            await sem.acquire()
+        except BaseException:
+            if self._slots.get(name) is slot and slot.lease == lease:
+                self._free(slot)  # back to held (or to the pool, if the sender let go meanwhile)
+            raise
+        if self._closed or self._slots.get(name) is not slot or slot.lease != lease:
+            sem.release()
+            raise trio.ClosedResourceError("shm relay is closed")
+        slot.acked = slot.released = False
+        put = ShmPut(name=name, size=length, segment_size=slot.size, lease=lease)
+        self._outstanding[name] = (target, put)
+        return put
 
     def in_use(self, target: str | None = None) -> int:
         """Outstanding (put, not settled) transfers, across targets or for one."""

@@ -9,7 +9,8 @@
   For a pooled slot the receiver builds its tensors as views of the slot (no
   copy) and reports, through ``on_release``, when the last of them is gone;
   for a one-shot segment it copies the bytes out and unlinks it. Either way
-  it ACKs the read.
+  it ACKs the read. Tensors the sending stage built in one slot with
+  ``ot.empty`` (:mod:`omni_trio.comm.alloc`) are not copied: that slot is lent.
 
 Which one is :mod:`omni_trio.comm.router`'s decision.
 
@@ -36,6 +37,8 @@ from omni_trio.payload import OmniRequest, StagePayload
 
 if TYPE_CHECKING:
     import torch
+
+    from omni_trio.comm.alloc import SlotAllocator
 
 @attrs.frozen
 class _PackedInline:
@@ -170,10 +173,12 @@ async def encode_object(
     object_id: str,
     kind: DataRefKind,
     gpu_peers: bool = False,
+    allocator: SlotAllocator | None = None,
 ) -> tuple[DataRef, ShmPut | None]:
     """Write ``obj`` for ``target``; return its DataRef and the relay put to settle (None inline).
 
-    The transport comes from :func:`~omni_trio.comm.router.choose_transport`.
+    The transport comes from :func:`~omni_trio.comm.router.choose_transport`. Tensors that lie in
+    one slot of ``allocator`` (``ot.empty``) are sent by reference, without a copy.
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
@@ -183,10 +188,20 @@ async def encode_object(
     )
     if ref is not None:
         return ref, None
-    from omni_trio.comm.packing import pack_tensors, write_packed
+    lent = None if allocator is None else await allocator.lend(target, tensors)
+    if lent is not None:
+        put, plan = lent
+        entries = plan.entries
+        if plan.extras:
+            from omni_trio.comm.packing import restore
 
-    total, entries = pack_tensors(tensors)
-    put = await relay.put(target, total, lambda view: write_packed(view, tensors, entries))
+            # The few tensors outside the slot are pickled with the header (at most 16 KiB of them).
+            stripped = restore(stripped, plan.extras, partial=True)
+    else:
+        from omni_trio.comm.packing import pack_tensors, write_packed
+
+        total, entries = pack_tensors(tensors)
+        put = await relay.put(target, total, lambda view: write_packed(view, tensors, entries))
     ref = DataRef(
         kind=kind,
         object_id=object_id,

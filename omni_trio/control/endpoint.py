@@ -24,6 +24,7 @@ and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 import zmq
 
+from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
@@ -121,6 +123,7 @@ class Endpoint:
         self._push: dict[str, TrioSocket] = {}
         self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
+        self._allocators: dict[str, SlotAllocator] = {}
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
@@ -255,6 +258,19 @@ class Endpoint:
             )
         return relay
 
+    def allocator(self, sender: str) -> SlotAllocator:
+        """Where ``ot.empty`` in ``sender``'s compute takes its slots (``sender``'s relay); call on the loop."""
+        allocator = self._allocators.get(sender)
+        if allocator is None:
+            allocator = self._allocators[sender] = SlotAllocator(
+                functools.partial(self._open_relay, sender), stage=sender, tracer=self.tracer
+            )
+        return allocator
+
+    def _open_relay(self, sender: str) -> ShmRelay | None:
+        """``sender``'s relay, or None once the endpoint is stopping (its relays are closed or closing)."""
+        return None if self._serving.cancel_called else self._relay(sender)
+
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
         return self._transfers.in_use(sender)
@@ -301,7 +317,14 @@ class Endpoint:
             ref = inline
         else:
             ref, put = await encode_object(
-                obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+                obj,
+                relay=relay,
+                sender=sender,
+                target=receiver,
+                object_id=object_id,
+                kind=kind,
+                gpu_peers=gpu_peers,
+                allocator=self._allocators.get(sender),
             )
         written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value, ref.tensor_bytes)

@@ -9,6 +9,7 @@ See SPEC §5.1.
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import queue
 import threading
@@ -288,7 +289,10 @@ class SimpleScheduler(BatchingOptions):
             self._live_workers = self.max_concurrency
         base = threading.current_thread().name
         workers = [
-            threading.Thread(target=self._worker, name=f"{base}-worker-{i}", daemon=True)
+            # Each worker runs in a copy of this thread's context: ot.empty finds the stage's pool there.
+            threading.Thread(
+                target=contextvars.copy_context().run, args=(self._worker,), name=f"{base}-worker-{i}", daemon=True
+            )
             for i in range(self.max_concurrency)
         ]
         for worker in workers:

@@ -8,6 +8,7 @@ an async engine and returns a ``concurrent.futures.Future``), at most
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import queue
@@ -194,7 +195,8 @@ class ThreadedSimpleScheduler:
         if self.dispatch_fn is not None:
             return self.dispatch_fn(payload)
         assert self._executor is not None
-        return self._executor.submit(self._run_one, payload)
+        # In a copy of the scheduler thread's context: ot.empty finds the stage's pool there.
+        return self._executor.submit(contextvars.copy_context().run, self._run_one, payload)
 
     def _run_one(self, payload: Any) -> Any:
         # Pool threads come and go, so each call gets (and closes) its own loop

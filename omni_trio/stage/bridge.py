@@ -4,7 +4,8 @@ The scheduler blocks on ``queue.Queue`` objects in its own thread; trio must
 never block. Two crossings, neither of which polls:
 
 * :class:`SchedulerThread` runs ``warm_up_serving_thread()`` then ``start()``
-  and reports "warm" and "finished" to trio through the ``TrioToken``.
+  and reports "warm" and "finished" to trio through the ``TrioToken``; on it,
+  ``ot.empty`` allocates from the stage's shared-memory pool.
 * The stage's drain takes the outbox in batches of up to 64 messages from
   an :func:`outbox_source`, except that the first message after the outbox
   was empty comes alone: it is sent at once (the first chunk of a stream
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
+from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import OutgoingMessage
 
@@ -51,8 +53,9 @@ def _post(token: trio.lowlevel.TrioToken, fn: Any, *args: Any) -> bool:
 class SchedulerThread:
     """Runs one scheduler's serve loop on a dedicated daemon thread."""
 
-    def __init__(self, stage_name: str, scheduler: Any) -> None:
+    def __init__(self, stage_name: str, scheduler: Any, allocator: SlotAllocator | None = None) -> None:
         self.scheduler = scheduler
+        self._allocator = allocator
         self.warm = trio.Event()
         self.finished = trio.Event()
         self.warm_up_error: BaseException | None = None
@@ -65,6 +68,11 @@ class SchedulerThread:
         self._thread.start()
 
     def _body(self) -> None:
+        # ot.empty on this thread (and the threads its scheduler starts) uses the stage's pool.
+        with allocating(self._allocator):
+            self._serve()
+
+    def _serve(self) -> None:
         warm_up = getattr(self.scheduler, "warm_up_serving_thread", None)
         try:
             if warm_up is not None:

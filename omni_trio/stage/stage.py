@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig, import_string
 from omni_trio.errors import StageStartupError
@@ -148,6 +149,7 @@ class Stage:
         #: Set when :meth:`run` has returned.
         self.stopped = trio.Event()
         self._thread: SchedulerThread | None = None
+        self._allocator: SlotAllocator | None = None
 
     @staticmethod
     def _build_input(config: StageConfig) -> InputHandler:
@@ -167,14 +169,17 @@ class Stage:
         on_retire: Callable[[str], None] | None = None,
         bindings: BindingTable | None = None,
         transports: TransportLog | None = None,
+        allocator: SlotAllocator | None = None,
     ) -> None:
         """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
         runs when the stage drops a request (abort or failure), after its own cleanup. ``bindings``
         is the process's replica binding table: the stage holds a request's entry while it holds
         the request. ``transports`` is the log its links (and its coordinator link) note sends in,
-        whose byte counts :meth:`stats` reports."""
+        whose byte counts :meth:`stats` reports. ``allocator``: where ``ot.empty`` on the scheduler's
+        threads takes its slots."""
         self._links = dict(links)
         self._transports = transports
+        self._allocator = allocator
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
         self._on_retire = on_retire
@@ -194,7 +199,7 @@ class Stage:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the scheduler thread, report ready, serve until :meth:`stop`, then drain."""
-        self._thread = SchedulerThread(self.name, self.scheduler)
+        self._thread = SchedulerThread(self.name, self.scheduler, self._allocator)
         self._thread.start()
         await self._thread.warm.wait()
         if self._thread.warm_up_error is not None:
@@ -503,8 +508,9 @@ class Stage:
     async def _drain(self, source: OutboxSource) -> None:
         try:
             while True:
-                batch = await source.next_batch()
-                if await self._handle_batch(batch):
+                # No local keeps the batch alive while the next one is awaited: what was sent (an
+                # ot.empty tensor's slot, for one) is freed as soon as it is sent.
+                if await self._handle_batch(await source.next_batch()):
                     return
                 # Let co-located stages run between batches (SPEC §3.4).
                 await trio.lowlevel.checkpoint()
