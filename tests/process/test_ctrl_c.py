@@ -47,18 +47,12 @@ PROGRAM = textwrap.dedent(
 
 
 def _workers_of(parent: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent and b"omni_trio.worker" in cmdline:
-            found.add(int(entry))
-    return found
+    # Descendants: workers forked by the pipeline's template are the template's children.
+    return {pid for pid, (_, cmd) in helpers.descendants(parent).items() if "omni_trio.worker" in cmd}
+
+
+def _templates_of(parent: int) -> set[int]:
+    return {pid for pid, (_, cmd) in helpers.descendants(parent).items() if "omni_trio.template_main" in cmd}
 
 
 def _alive(pid: int) -> bool:
@@ -84,6 +78,7 @@ async def test_ctrl_c_stops_workers_and_removes_what_the_run_created(ipc_base: P
         blocker = int(await helpers.wait_for_file(pid_file, timeout=50))  # the request is in flight
         workers = _workers_of(program.pid)
         assert blocker in workers and len(workers) == 2
+        workers |= _templates_of(program.pid)  # they must go too
         assert helpers.ipc_dirs(ipc_base)  # the run's IPC directory exists while it runs
         os.killpg(program.pid, signal.SIGINT)
         returncode = await program.wait()
