@@ -37,6 +37,9 @@ MAX_MESSAGE = 1 << 16
 
 #: How long a closed template may take to exit before it is killed (it has nothing left to do).
 TEMPLATE_EXIT_S = 5.0
+#: How long a fork request may wait for its reply (a fork takes milliseconds) before the template
+#: counts as broken and is killed.
+FORK_REPLY_S = 30.0
 
 
 class TemplateDied(Exception):
@@ -139,7 +142,17 @@ class TemplateProcess:
         return self._problem
 
     async def fork(self, spec_path: Path) -> ForkedProcess:
-        """Fork a worker for ``spec_path``; raise TemplateDied, or RuntimeError if it refused."""
+        """Fork a worker for ``spec_path``; raise TemplateDied, or RuntimeError if it refused.
+
+        Shielded: a request abandoned half-way would leave its reply to the next one. It is
+        bounded all the same: a template that does not answer within FORK_REPLY_S is killed.
+        """
+        with trio.CancelScope(shield=True), trio.move_on_after(FORK_REPLY_S):
+            return await self._fork(spec_path)
+        self.process.kill()
+        raise TemplateDied(f"the template process (pid {self.process.pid}) did not answer in {FORK_REPLY_S:g} s")
+
+    async def _fork(self, spec_path: Path) -> ForkedProcess:
         read_end, write_end = os.pipe()
         self._pending_stdin = write_end
         title = [sys.executable, "-m", "omni_trio.worker", str(spec_path)]

@@ -22,6 +22,7 @@ Nothing in the package imports this module: ``-m`` runs it fresh.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -89,7 +90,8 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
             os.dup2(fd, target)
             if fd > 2:
                 os.close(fd)
-        set_title(request["title"])
+        with contextlib.suppress(OSError, ValueError, IndexError):  # cosmetic: ps and tests read it
+            set_title(request["title"])
         sys.argv = request["title"][2:]  # as ``-m omni_trio.worker SPEC`` would have it
         from omni_trio.worker import main
 
