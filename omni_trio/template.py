@@ -52,7 +52,8 @@ class ForkedProcess:
     def __init__(self, pid: int, pidfd: int, stdin_fd: int) -> None:
         self.pid = pid
         #: The write end of the worker's stdin pipe: closing it (or our exit) tells the worker to go.
-        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(stdin_fd)
+        self._stdin = trio.lowlevel.FdStream(stdin_fd)
+        self.stdin: trio.abc.SendStream | None = self._stdin
         self.returncode: int | None = None
         self._pidfd: int | None = pidfd
         self._reported = trio.Event()
@@ -96,10 +97,12 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
     def _close_pidfd(self) -> None:
+        """The worker is gone: release its pidfd and its stdin pipe (a restart replaces it)."""
         if self._pidfd is not None:
             trio.lowlevel.notify_closing(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+        self._stdin.close()
 
 
 class TemplateProcess:
