@@ -1,8 +1,8 @@
 """A stage module whose import misbehaves in a template process only (for tests/process/test_template.py).
 
 ``$OT_TEST_TEMPLATE_IMPORT`` says how: ``thread`` starts a thread (a template must not fork
-then), ``exit`` ends the template before it is ready. The caller and the workers, which import
-this module too, are left alone.
+then), ``exit`` ends the template before it is ready, ``hang`` blocks its import for a minute.
+The caller and the workers, which import this module too, are left alone.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from omni_trio import SimpleScheduler, StagePayload
 
@@ -25,6 +26,8 @@ if _in_template():
         threading.Thread(target=threading.Event().wait, daemon=True).start()
     elif _effect == "exit":
         os._exit(3)
+    elif _effect == "hang":
+        time.sleep(60)
 
 
 def create_noisy(marker: str) -> SimpleScheduler:

@@ -140,6 +140,16 @@ async def test_a_template_that_cannot_fork_safely_makes_the_pipeline_spawn_its_w
     assert "launch_template_unusable" in err and problem in err, err
 
 
+async def test_a_template_stuck_in_its_imports_fails_the_start_up_clearly(
+    ipc_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OT_TEST_TEMPLATE_IMPORT", "hang")
+    with trio.fail_after(60), pytest.raises(ot.StageStartupError, match=r"did not finish importing .* within 2 s"):
+        async with ot.open_pipeline(noisy_pipeline(ipc_base), start_timeout=2):
+            pass
+    assert not helpers.template_processes()  # killed: it could not even read that it should exit
+
+
 async def test_spawn_start_method_starts_a_fresh_interpreter_per_worker(ipc_base: Path) -> None:
     with trio.fail_after(60):
         async with ot.open_pipeline(noisy_pipeline(ipc_base, start_method="spawn")) as pipeline:
