@@ -335,9 +335,9 @@ def _proc_cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the full line)
 
 
-def _child_pids(parent: int) -> list[int]:
-    """Live processes whose parent is ``parent`` (from /proc)."""
-    pids = []
+def _descendant_pids(root: int) -> list[int]:
+    """Live processes descended from ``root`` (from /proc): workers forked by a template are its children."""
+    parent_of = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -345,9 +345,13 @@ def _child_pids(parent: int) -> list[int]:
             text = (entry / "stat").read_text()
         except OSError:
             continue
-        if int(text[text.rindex(")") + 2:].split()[1]) == parent:
-            pids.append(int(entry.name))
-    return pids
+        parent_of[int(entry.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    found: list[int] = []
+    parents = {root}
+    while parents:
+        parents = {pid for pid, parent in parent_of.items() if parent in parents}
+        found += sorted(parents)
+    return found
 
 
 # --------------------------------------------------------------------------- workloads
@@ -525,7 +529,7 @@ async def idle(q: bool) -> dict[str, float]:
     async with open_pipeline(chain_config(4)) as pipeline:
         await pipeline.submit("warm", "x")
         await trio.sleep(0.2)
-        pids = [os.getpid(), *_child_pids(os.getpid())]
+        pids = [os.getpid(), *_descendant_pids(os.getpid())]
         before = {pid: _proc_cpu_ticks(pid) for pid in pids}
         started = time.perf_counter()
         await trio.sleep(seconds)

@@ -629,13 +629,13 @@ async def w8(q: bool) -> dict[str, float]:
 
 async def idle(q: bool) -> dict[str, float]:
     """CPU of a started, idle 4-stage pipeline: this process and its worker processes."""
-    from omni_trio.bench import _child_pids, _proc_cpu_ticks
+    from omni_trio.bench import _descendant_pids, _proc_cpu_ticks
 
     seconds = 0.5 if q else 3.0
     async with _Runner(chain_config(4)) as coordinator:
         await coordinator.submit("warm", "x")
         await asyncio.sleep(0.2)
-        pids = [os.getpid(), *_child_pids(os.getpid())]
+        pids = [os.getpid(), *_descendant_pids(os.getpid())]
         before = {pid: _proc_cpu_ticks(pid) for pid in pids}
         started = time.perf_counter()
         await asyncio.sleep(seconds)

@@ -206,7 +206,14 @@ class StageConfig:
 
 @attrs.frozen
 class PipelineConfig:
-    """A whole pipeline. Validated on construction (see :func:`validate`)."""
+    """A whole pipeline. Validated on construction (see :func:`validate`).
+
+    ``start_method`` says how worker processes start: ``"template"`` (the
+    default: one preloaded template process per pipeline forks them, so N
+    workers cost about one import of torch and the stage modules) or
+    ``"spawn"`` (a fresh interpreter per worker; for stage modules that must
+    be imported in every process on their own). See :mod:`omni_trio.launch`.
+    """
 
     stages: list[StageConfig] = attrs.field(converter=_name_list)
     entry_stage: str | None = None
@@ -218,6 +225,7 @@ class PipelineConfig:
     max_in_flight: int | None = None
     replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
     serve: ServeConfig | None = None
+    start_method: str = "template"
 
     def __attrs_post_init__(self) -> None:
         problems = validate(self)
@@ -464,6 +472,20 @@ def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
     ]
 
 
+#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.launch`).
+START_METHODS = ("template", "spawn")
+
+
+def _start_method_problems(config: PipelineConfig) -> list[ConfigProblem]:
+    if config.start_method in START_METHODS:
+        return []
+    return [ConfigProblem(
+        "start_method",
+        f"expected 'template' (fork workers from one preloaded process, the default) or 'spawn' "
+        f"(a fresh interpreter per worker), got {config.start_method!r}",
+    )]
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -583,6 +605,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _check_hook_value("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
     problems += _endpoints_problems(config.endpoints)
+    problems += _start_method_problems(config)
     problems += _serve_problems(config.serve)
     problems += _graph_problems(config, known)
     return problems

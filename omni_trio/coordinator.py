@@ -343,11 +343,13 @@ class Coordinator:
 
     async def stats(self) -> PipelineStats:
         """Counters of every stage and of the coordinator."""
+        # The replicas that are down when the stages are asked, not after: a restart may end meanwhile.
+        down_replicas = () if self._replicas is None else self._replicas.down()
         return PipelineStats(
             stages=await self._directory.stats(),
             live_requests=len(self._live),
             rejected_requests=self._rejected,
-            down_replicas=() if self._replicas is None else self._replicas.down(),
+            down_replicas=down_replicas,
             refused_frames=self._directory.refused_frames(),
             sent_bytes=self._directory.sent_bytes(),
         )

@@ -1,8 +1,9 @@
 """Worker processes as trio tasks: start in parallel, wait for readiness, notice death, stop.
 
-Each process group runs ``python -m omni_trio.worker SPEC`` (a fresh
-interpreter: safe with torch and CUDA). Its exit is an awaited event, not a
-poll. Start-up is ready when the worker said ``Ready`` *and* its abort
+Each process group runs what ``python -m omni_trio.worker SPEC`` runs, started
+by the pipeline's launcher (:mod:`omni_trio.launch`: forked from a preloaded
+template by default, or spawned). Its exit is an awaited event, not a poll.
+Start-up is ready when the worker said ``Ready`` *and* its abort
 subscription reached our XPUB socket (so no abort can be missed). Shutdown
 is graceful (``Shutdown``, stages drain), then firm (terminate, then kill),
 all processes in parallel, never blocking the trio loop.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -31,6 +31,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint, abort_path, ready_topic
 from omni_trio.control.zmq_trio import TrioSocket, bind_xpub
 from omni_trio.errors import StageStartupError, describe_exit
+from omni_trio.launch import Launcher, WorkerProcess, launcher_for
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
@@ -65,7 +66,7 @@ class Worker:
     """One worker process and what we know about it."""
 
     name: str
-    process: trio.Process | None = None
+    process: WorkerProcess | None = None
     ready: trio.Event = attrs.field(factory=trio.Event)
     subscribed: trio.Event = attrs.field(factory=trio.Event)
     settled: trio.Event = attrs.field(factory=trio.Event)
@@ -120,6 +121,7 @@ class Supervisor:
         on_lost: Callable[[Worker], list[str]] | None = None,
         on_restarted: Callable[[Worker], None] | None = None,
         start_timeout: float = 120.0,
+        launcher: Launcher | None = None,
     ) -> None:
         self._config = config
         self._ipc_dir = ipc_dir
@@ -135,6 +137,8 @@ class Supervisor:
         self._nursery: trio.Nursery | None = None
         #: Bounds each restarted process's start-up, like the pipeline's.
         self._start_timeout = start_timeout
+        #: ``launcher_for(config)`` unless the caller chose one.
+        self._launcher = launcher or launcher_for(config, ipc_dir, start_timeout=start_timeout)
         #: Segment prefixes are ``<run>-<index>``; a restarted worker gets a fresh index, so
         #: its segments never collide with those its dead predecessor left behind.
         self._next_index = len(groups) + 1
@@ -176,6 +180,7 @@ class Supervisor:
     async def spawn(self, nursery: trio.Nursery) -> None:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
         self._nursery = nursery
+        await self._launcher.start(nursery)
         xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir), self._endpoint.policy)
         self._abort = xpub
         self._endpoint.adopt(xpub)
@@ -187,9 +192,7 @@ class Supervisor:
         assert self._nursery is not None
         worker.shm_prefix = f"{self._run_prefix}-{index}"
         spec_path = self._write_spec(worker.name, worker.shm_prefix, retired)
-        worker.process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "omni_trio.worker", str(spec_path)], stdin=subprocess.PIPE
-        )
+        worker.process = await self._launcher.launch(worker.name, spec_path)
         self._nursery.start_soon(self._watch_exit, worker)
 
     async def wait_ready(self, timeout: float) -> None:
@@ -335,6 +338,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for worker in self.workers.values():
                 nursery.start_soon(self._stop_one, worker)
+        await self._launcher.aclose()
 
     async def _stop_one(self, worker: Worker) -> None:
         proc = worker.process

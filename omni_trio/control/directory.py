@@ -163,6 +163,11 @@ class ProcessDirectory:
     async def stats(self) -> dict[str, StageStats]:
         """Counters of every stage in every process."""
         result = {name: stage.stats() for name, stage in self._local.items()}
+        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
+        # Taken with the live set, at one moment: a process that becomes ready while we wait for
+        # the replies was asked nothing, and must still be reported.
+        down = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
+        down.update(self._supervisor.restarting())
         token = next(self._tokens)
         replies = self._stats[token] = _Replies(self._live())
         try:
@@ -175,9 +180,6 @@ class ProcessDirectory:
             del self._stats[token]
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
-        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
-        down = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
-        down.update(self._supervisor.restarting())
         for name, process in self._endpoint.placement.items():
             if process in down:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))

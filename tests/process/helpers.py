@@ -47,10 +47,14 @@ def shm_segments() -> set[str]:
         return set()
 
 
-def _children() -> dict[int, tuple[str, str]]:
-    """This process's child processes: pid -> (state, command line)."""
-    me = os.getpid()
-    found: dict[int, tuple[str, str]] = {}
+def descendants(of: int | None = None) -> dict[int, tuple[str, str]]:
+    """The processes descended from ``of`` (this process by default): pid -> (state, command line).
+
+    Descendants, not only children: workers forked by a pipeline's template process
+    are its children, the template is ours.
+    """
+    root = os.getpid() if of is None else of
+    known: dict[int, tuple[int, str, str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -63,25 +67,27 @@ def _children() -> dict[int, tuple[str, str]]:
             continue  # exited meanwhile
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[1]) == me:
-            found[int(entry)] = (fields[0], cmdline)
+        known[int(entry)] = (int(fields[1]), fields[0], cmdline)
+    found: dict[int, tuple[str, str]] = {}
+    parents = {root}
+    while parents:
+        children = {pid for pid, (ppid, _, _) in known.items() if ppid in parents and pid not in found}
+        found.update({pid: known[pid][1:] for pid in children})
+        parents = children
     return found
 
 
 def workers_of(parent: int) -> set[int]:
-    """Worker processes (``python -m omni_trio.worker``) whose parent is ``parent``."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2 :].split()[1]) == parent and b"omni_trio.worker" in cmdline:
-            found.add(int(entry))
-    return found
+    """Worker processes (``python -m omni_trio.worker``) descended from ``parent``.
+
+    Descendants, not children: workers forked by the pipeline's template are the template's children.
+    """
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.worker" in cmd}
+
+
+def templates_of(parent: int) -> set[int]:
+    """Template processes (``python -m omni_trio.template_main``) descended from ``parent``."""
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.template_main" in cmd}
 
 
 def running(pid: int) -> bool:
@@ -94,13 +100,18 @@ def running(pid: int) -> bool:
 
 
 def worker_processes() -> dict[int, str]:
-    """Worker processes (``python -m omni_trio.worker``) started by this process that still exist."""
-    return {pid: cmd for pid, (_, cmd) in _children().items() if "omni_trio.worker" in cmd}
+    """Worker processes (``omni_trio.worker``) descended from this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.worker" in cmd}
+
+
+def template_processes() -> dict[int, str]:
+    """Template processes (``omni_trio.template_main``, see omni_trio.launch) of this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.template_main" in cmd}
 
 
 def zombie_children() -> list[int]:
-    """Children of this process that exited but were never waited for."""
-    return [pid for pid, (state, _) in _children().items() if state == "Z"]
+    """Descendants of this process that exited but were never waited for (by us or a template)."""
+    return [pid for pid, (state, _) in descendants().items() if state == "Z"]
 
 
 async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
@@ -113,20 +124,22 @@ async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
 
 
 def kill_workers(keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """Kill and reap worker processes of this process (other than ``keep``); return their pids.
+    """Kill and reap worker processes of this process (other than ``keep``), then its
+    template processes (which reap the workers they forked); return their pids.
 
     For tests that expect a runtime bug to leave workers behind: they clean up
     themselves, so that the autouse check does not report the same bug again.
     """
     killed = []
-    for pid in sorted(worker_processes()):
+    for pid in [*sorted(worker_processes()), *sorted(template_processes())]:
         if pid in keep:
             continue
         try:
             os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
+        except ProcessLookupError:
             continue
+        with contextlib.suppress(ChildProcessError):  # a forked worker is its template's to reap
+            os.waitpid(pid, 0)
         killed.append(pid)
     return killed
 
@@ -151,7 +164,7 @@ def run_auth(ipc: Path) -> FrameMac:
 @contextlib.contextmanager
 def nothing_left_behind(base: Path) -> Iterator[None]:
     """Fail if the block leaves an IPC directory under ``base``, a shared-memory
-    segment of one of its pipelines, a worker process or an unwaited child.
+    segment of one of its pipelines, a worker or template process or an unwaited child.
 
     Shared memory: other test runs may use /dev/shm at the same time, so only
     the segments of pipelines started here count. Their names start with the
@@ -167,7 +180,7 @@ def nothing_left_behind(base: Path) -> Iterator[None]:
         prefixes.append(prefix)
         return real_remove(prefix)
 
-    workers_before = set(worker_processes())
+    workers_before = set(worker_processes()) | set(template_processes())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runtime, "remove_segments", remove_segments)
         yield
@@ -181,8 +194,12 @@ def nothing_left_behind(base: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 os.unlink(SHM_DIR / name)
     workers = {pid: cmd for pid, cmd in worker_processes().items() if pid not in workers_before}
+    templates = {pid: cmd for pid, cmd in template_processes().items() if pid not in workers_before}
     if workers:
         problems.append(f"worker processes still running: {workers}")
+    if templates:
+        problems.append(f"template processes still running: {templates}")
+    if workers or templates:
         kill_workers(keep=workers_before)
     if zombies := zombie_children():
         problems.append(f"child processes never waited for: {zombies}")

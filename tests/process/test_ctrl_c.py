@@ -61,6 +61,7 @@ async def test_ctrl_c_stops_workers_and_removes_what_the_run_created(ipc_base: P
         blocker = int(await helpers.wait_for_file(pid_file, timeout=50))  # the request is in flight
         workers = helpers.workers_of(program.pid)
         assert blocker in workers and len(workers) == 2
+        workers |= helpers.templates_of(program.pid)  # they must go too
         assert helpers.ipc_dirs(ipc_base)  # the run's IPC directory exists while it runs
         os.killpg(program.pid, signal.SIGINT)
         returncode = await program.wait()

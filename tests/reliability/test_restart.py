@@ -17,6 +17,7 @@ import pytest
 import trio
 
 import omni_trio as ot
+from omni_trio import supervisor
 from tests.placement import stage
 from tests.process import helpers
 
@@ -62,13 +63,18 @@ async def submit_and_kill(pipeline: ot.Coordinator, request_id: str, pid_file: P
     return pid
 
 
-async def test_killed_worker_is_restarted_and_serves_later_requests(ipc_base: Path, tmp_path: Path) -> None:
+async def test_killed_worker_is_restarted_and_serves_later_requests(
+    ipc_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The restart must outlast the stats call and r-late's deadline below: a worker forked from
+    # the template is ready a few ms after the backoff, so the backoff sets the window.
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 2.0)
     config = pipeline_config(ipc_base)
     with trio.fail_after(60):
         async with ot.open_pipeline(config) as pipeline:
             first_pid = await submit_and_kill(pipeline, "r0", tmp_path / "pid0")
             other_workers = set(helpers.worker_processes())
-            # Restarting (the backoff alone lasts 0.1 s): its stage reports unhealthy and holds nothing.
+            # Restarting (the backoff alone lasts 2 s): its stage reports unhealthy and holds nothing.
             restarting = await pipeline.stats()
             assert restarting.stages["blocker"].healthy is False and restarting.stages["first"].healthy
             # A submit waits for the restart; its deadline still ends that wait.

@@ -39,6 +39,26 @@ def _children(pid: int) -> set[int]:
     return children
 
 
+def _descendants(pid: int) -> set[int]:
+    # Workers are forked by the pipeline's template process, which is the server's child.
+    found, parents = set(), {pid}
+    while parents:
+        parents = set().union(*(_children(parent) for parent in parents)) - found
+        found |= parents
+    return found
+
+
+def _workers(pid: int) -> set[int]:
+    return {p for p in _descendants(pid) if "omni_trio.worker" in _cmdline(p)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def _health_until(url: str, status: int, seconds: float) -> httpx.Response:
     # The test waits on the server from outside; the server itself never polls.
     deadline = time.monotonic() + seconds
@@ -74,7 +94,7 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
             stderr = server.stderr.read() if server.stderr else None
             raise AssertionError(f"no listening line: {line!r}; stderr: {stderr}")
         url = line.split()[-1]
-        workers = _children(server.pid)
+        workers = _workers(server.pid)
         assert len(workers) == 5
         spec = pickle.loads(next(tmp_path.glob("omnitrio-*/p_vocoder.spec")).read_bytes())
         run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
@@ -93,7 +113,7 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
         assert down.json()["not_ready"] == {"p_vocoder": "restarting"}
         assert _health_until(url, 200, 120).status_code == 200  # the restarted worker is ready again
 
-        workers |= _children(server.pid)  # the restarted one too
+        workers |= _descendants(server.pid)  # the restarted one and the template too
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0
         assert server.stdout.read() == ""  # exactly one line on stdout
@@ -101,7 +121,7 @@ def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
         if server.poll() is None:
             server.kill()
             server.wait(30)
-        for pid in _children(server.pid) | workers:
+        for pid in _descendants(server.pid) | workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert not any(Path(f"/proc/{pid}").exists() and "omni_trio" in Path(f"/proc/{pid}/cmdline").read_text()
