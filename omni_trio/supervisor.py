@@ -2,8 +2,8 @@
 
 Each process group runs ``python -m omni_trio.worker SPEC`` (a fresh
 interpreter: safe with torch and CUDA). Its exit is an awaited event, not a
-poll. Start-up is ready when the worker said ``Ready`` *and* its abort
-subscription reached our XPUB socket (so no abort can be missed). Shutdown
+poll. Start-up is ready when the worker said ``Ready`` (its control socket,
+where aborts arrive too, is bound by then, so no abort can be missed). Shutdown
 is graceful (``Shutdown``, stages drain), then firm (terminate, then kill),
 all processes in parallel, never blocking the trio loop.
 
@@ -27,8 +27,7 @@ import trio
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
-from omni_trio.control.endpoint import Endpoint, abort_path
-from omni_trio.control.zmq_trio import TrioSocket, bind_xpub
+from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
@@ -63,8 +62,6 @@ class Worker:
 
     name: str
     process: trio.Process | None = None
-    ready: trio.Event = attrs.field(factory=trio.Event)
-    subscribed: trio.Event = attrs.field(factory=trio.Event)
     settled: trio.Event = attrs.field(factory=trio.Event)
     exited: trio.Event = attrs.field(factory=trio.Event)
     failure: str | None = None
@@ -74,7 +71,7 @@ class Worker:
 
     @property
     def live(self) -> bool:
-        """Ready (abort subscription included) and not exited: it answers aborts and stats."""
+        """Ready and not exited: it answers aborts and stats."""
         return self.settled.is_set() and self.failure is None and not self.exited.is_set()
 
     @property
@@ -128,7 +125,6 @@ class Supervisor:
         self._on_restarted = on_restarted
         self.workers = {name: Worker(name) for name in groups}
         self._stopping = False
-        self._abort: TrioSocket | None = None
         self._nursery: trio.Nursery | None = None
         #: Bounds each restarted process's start-up, like the pipeline's.
         self._start_timeout = start_timeout
@@ -151,12 +147,6 @@ class Supervisor:
         stage = next(s for s in self._config.stages if s.process == group)
         return stage.max_restarts if stage.restart == "on-failure" else 0
 
-    @property
-    def abort_socket(self) -> TrioSocket:
-        """The broadcast channel for aborts (bound in :meth:`start`)."""
-        assert self._abort is not None
-        return self._abort
-
     def live_workers(self) -> list[Worker]:
         """Workers that are ready and have not exited (a restarting one counts once it is ready again)."""
         return [w for w in self.workers.values() if w.live]
@@ -173,10 +163,6 @@ class Supervisor:
     async def spawn(self, nursery: trio.Nursery) -> None:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
         self._nursery = nursery
-        xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir))
-        self._abort = xpub
-        self._endpoint.adopt(xpub)
-        nursery.start_soon(self._watch_subscriptions, xpub)
         for index, worker in enumerate(self.workers.values(), start=1):
             await self._start(worker, index, [])
 
@@ -216,32 +202,10 @@ class Supervisor:
             pickle.dump(spec, handle)
         return path
 
-    def _settle_if_ready(self, worker: Worker) -> None:
-        if worker.ready.is_set() and worker.subscribed.is_set():
-            worker.settled.set()
-
     async def _on_ready(self, message: m.Ready) -> None:
         worker = self.workers.get(message.process)
         if worker is not None:
-            worker.ready.set()
-            self._settle_if_ready(worker)
-
-    async def _watch_subscriptions(self, xpub: TrioSocket) -> None:
-        prefix = b"\x01ready:"
-        with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
-            await self._read_subscriptions(xpub, prefix)
-
-    async def _read_subscriptions(self, xpub: TrioSocket, prefix: bytes) -> None:
-        while True:
-            try:
-                frames = await xpub.recv_multipart()
-            except trio.ClosedResourceError:
-                return
-            if frames and frames[0].startswith(prefix):
-                worker = self.workers.get(frames[0][len(prefix) :].decode(errors="replace"))
-                if worker is not None:
-                    worker.subscribed.set()
-                    self._settle_if_ready(worker)
+            worker.settled.set()
 
     async def _watch_exit(self, worker: Worker) -> None:
         assert worker.process is not None

@@ -4,7 +4,8 @@ Every process of a pipeline (the caller's "main" process and each worker)
 has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
 directory that receives every control message for the process, one PUSH
 socket per peer process, and the shared-memory relays of the stages that send
-from it. Aborts arrive on the broadcast channel (PUB/SUB).
+from it. Aborts arrive on the PULL socket too, behind whatever the sender sent
+before them (see :mod:`omni_trio.control.aborts`).
 
 The endpoint puts together parts with one job each, every one built with what
 it needs: a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and
@@ -48,18 +49,11 @@ if TYPE_CHECKING:
     from omni_trio.stage.stage import Stage
 
 __all__ = [
-    "ABORT_TOPIC",
     "COORDINATOR",
     "Endpoint",
-    "abort_path",
     "chunk_list",
-    "ready_topic",
     "socket_path",
 ]
-
-#: The topic of abort messages on the broadcast channel (not a message tag:
-#: frames of a message sent point to point never start with it).
-ABORT_TOPIC = b"omni-trio.abort"
 
 M = TypeVar("M", bound=m.ControlMessage)
 
@@ -67,17 +61,6 @@ M = TypeVar("M", bound=m.ControlMessage)
 def socket_path(ipc_dir: Path, process: str) -> Path:
     """Where ``process`` receives its control messages."""
     return ipc_dir / f"{process}.sock"
-
-
-def abort_path(ipc_dir: Path) -> Path:
-    """The broadcast channel for aborts."""
-    return ipc_dir / "abort.sock"
-
-
-def ready_topic(process: str) -> bytes:
-    """The subscription a worker adds after the abort topic, so the publisher can
-    see (through XPUB) that the worker's subscription to aborts is in place."""
-    return b"ready:" + process.encode()
 
 
 def _elapsed_ms(start: float) -> float:
@@ -110,7 +93,6 @@ class Endpoint:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._pull: TrioSocket | None = None
         self._push: dict[str, TrioSocket] = {}
-        self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
@@ -188,10 +170,6 @@ class Endpoint:
         """The process's ZMQ context."""
         return self._ctx
 
-    def adopt(self, sock: TrioSocket) -> None:
-        """Close ``sock`` with the endpoint."""
-        self._adopted.append(sock)
-
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
         assert self._nursery is not None, "the endpoint is not serving"
@@ -207,7 +185,7 @@ class Endpoint:
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
             self._releases.clear()
-            for sock in [*self._push.values(), *self._adopted, *([self._pull] if self._pull else [])]:
+            for sock in [*self._push.values(), *([self._pull] if self._pull else [])]:
                 sock.close()
             self._push.clear()
             self._ctx.destroy(linger=0)
@@ -227,10 +205,6 @@ class Endpoint:
     async def send(self, process: str, message: m.ControlMessage) -> None:
         """Send one control message to ``process``."""
         await self._socket_to(process).send_multipart(encode(message))
-
-    def connect_abort_channel(self, sock: TrioSocket) -> None:
-        """Handle aborts arriving on a subscribed broadcast socket (workers)."""
-        self.spawn(self._dispatcher.receive_loop, sock, str(abort_path(self.ipc_dir)), True)
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)
@@ -404,9 +378,9 @@ class Endpoint:
 
     async def _on_abort(self, message: m.Abort) -> None:
         for stage in self._stages.values():
-            stage.on_abort(message.request_id)
+            stage.abort_requests(message.request_ids)
         if self.process != "main":
-            await self.send("main", m.AbortDone(request_id=message.request_id, process=self.process))
+            await self.send("main", m.AbortDone(token=message.token, process=self.process))
 
     async def _on_ack(self, message: m.DataAck) -> None:
         self._transfers.on_ack(message)
