@@ -10,8 +10,9 @@ plane.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import attrs
@@ -52,6 +53,9 @@ class StageDirectory(Protocol):
 
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
+
+    def request_audit(self) -> None:
+        """Check, in a while, that no stage holds a request the coordinator resolved (the abort safety net)."""
 
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
@@ -274,8 +278,11 @@ class Coordinator:
         """Run one request and iterate over its stream chunks and completions.
 
         Use as ``async with pipeline.stream(...) as events: async for ev in
-        events`` (leaving the block early aborts the request) or directly as
-        ``async for ev in pipeline.stream(...)``. Yields
+        events``: leaving the block early, however, aborts the request before
+        the block is left. Directly as ``async for ev in pipeline.stream(...)``,
+        a loop left early aborts the request only once the stream object is
+        garbage-collected (at once in CPython, unless something still refers to
+        it), without waiting for the abort. Yields
         :class:`StreamMessage` and :class:`CompleteMessage` objects; ends after
         the last terminal stage completed; raises the request's error.
         """
@@ -323,10 +330,14 @@ class Coordinator:
     # ------------------------------------------------------------------ resolution
 
     async def _abort(self, live: _LiveRequest, error: RequestError) -> None:
+        await self._abort_now(live, error).wait()
+
+    def _abort_now(self, live: _LiveRequest, error: RequestError) -> trio.Event:
+        """Resolve ``live`` with ``error`` and start its abort everywhere; the event fires once that is done."""
         if self._tracer.enabled:
             self._tracer.event("request_aborted", request_id=live.request_id, stage="coordinator", reason=str(error))
         self._resolve(live, outcome.Error(error))
-        await self._broadcast_abort(live.request_id).wait()
+        return self._broadcast_abort(live.request_id)
 
     def _resolve(self, live: _LiveRequest, result: outcome.Outcome[Any]) -> None:
         """Settle a request exactly once and forget it."""
@@ -339,6 +350,7 @@ class Coordinator:
             self._replicas.release(live.request_id)
         if live.deadline_scope is not None:
             live.deadline_scope.cancel()
+        self._directory.request_audit()
         if live.streaming:
             live.events.send_nowait(result.error if isinstance(result, outcome.Error) else _END_OF_STREAM)
 
@@ -403,6 +415,22 @@ class Coordinator:
         if live is not None and live.streaming:
             live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id))
 
+    def retire_unknown(self, request_ids: Collection[str]) -> list[str]:
+        """Stages hold ``request_ids``: abort everywhere those this coordinator no longer knows.
+
+        The abort safety net (see :mod:`omni_trio.control.audit`). An id is unknown when it is
+        neither live nor being aborted: its request was resolved, so nobody waits for what the
+        stages still do with it. Returns those ids.
+        """
+        unknown = [rid for rid in request_ids if rid not in self._live and rid not in self._aborting]
+        if unknown:
+            log.info("stale_requests_retired", count=len(unknown), request_ids=unknown[:8])
+        for request_id in unknown:
+            self._broadcast_abort(request_id)
+        if request_ids:
+            self._directory.request_audit()  # still held, by a live request or by a stale one
+        return unknown
+
     # ------------------------------------------------------------------ shutdown
 
     def fail_all(
@@ -451,6 +479,7 @@ class RequestStream:
         self._args = (inputs, params, metadata, deadline)
         self._live: _LiveRequest | None = None
         self._finished = False
+        self._token: trio.lowlevel.TrioToken | None = None
 
     async def _start(self) -> _LiveRequest:
         if self._live is None:
@@ -459,6 +488,7 @@ class RequestStream:
                 self.request_id, inputs, params, metadata, streaming=True, deadline=deadline
             )
             self._live = live
+            self._token = trio.lowlevel.current_trio_token()
             try:
                 await self._coordinator._send_submit(live)
             except BaseException:
@@ -494,6 +524,24 @@ class RequestStream:
                 await self._coordinator._settled(self.request_id)
             raise event
         return event
+
+    def __del__(self) -> None:
+        # A bare ``async for`` left early (break, return, an exception in its body) never calls
+        # aclose: the request would run on in the stages. Collected, the stream aborts it from the
+        # trio loop (run_sync_soon may be called from __del__, on any thread).
+        live = self._live
+        if live is None or live.done.is_set() or self._token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # the loop is gone, and the pipeline with it
+            self._token.run_sync_soon(self._abort_dropped, live)
+
+    def _abort_dropped(self, live: _LiveRequest) -> None:
+        if live.done.is_set():
+            return
+        try:
+            self._coordinator._abort_now(live, RequestAborted(self.request_id, "its stream was dropped unread"))
+        except RuntimeError as exc:  # the pipeline is closing: its close aborts what is live
+            log.warning("dropped_stream_abort_failed", request_id=self.request_id, error=repr(exc))
 
     async def aclose(self) -> None:
         """Stop reading; a request still running is aborted everywhere."""

@@ -159,6 +159,9 @@ class LocalDirectory:
         for stage in self._stages.values():
             stage.on_abort(request_id)
 
+    def request_audit(self) -> None:
+        """Nothing to check: aborts reach stages in this process by a direct call."""
+
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
         return {name: stage.stats() for name, stage in self._stages.items()}

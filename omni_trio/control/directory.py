@@ -4,7 +4,9 @@
 stages run in worker processes: submits go to the entry stage's process,
 aborts go point to point to every live worker and are confirmed by each, resent
 until they are (:mod:`omni_trio.control.aborts`; so when an abort returns, no
-stage holds the request any more), and stats are gathered from every process. :func:`serve_coordinator` routes
+stage holds the request any more), a while after requests were resolved every
+worker is asked what its stages still hold (:mod:`omni_trio.control.audit`),
+and stats are gathered from every process. :func:`serve_coordinator` routes
 stage reports (results, stream chunks, failures) to the coordinator.
 """
 
@@ -20,6 +22,7 @@ from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.aborts import AbortDelivery
+from omni_trio.control.audit import HeldAudit
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
@@ -63,6 +66,8 @@ class ProcessDirectory:
         #: The caller's process's replica bindings (the coordinator holds each live request's).
         self._bindings = bindings
         self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
+        self._audit = HeldAudit(self._query_held)
+        endpoint.spawn(self._audit.run)
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Submits waiting for a restarting process, by request id: an abort releases them.
@@ -154,6 +159,17 @@ class ProcessDirectory:
     async def _on_abort_done(self, message: m.AbortDone) -> None:
         self._aborts.on_done(message)
 
+    def request_audit(self) -> None:
+        """Ask every worker, in a while, which requests its stages hold (see :mod:`omni_trio.control.audit`)."""
+        self._audit.want()
+
+    async def _query_held(self) -> None:
+        for process in sorted(self._live()):
+            try:
+                await self._endpoint.send(process, m.HeldQuery())
+            except trio.ClosedResourceError:
+                return  # the pipeline is closing
+
     async def stats(self) -> dict[str, StageStats]:
         """Counters of every stage in every process."""
         result = {name: stage.stats() for name, stage in self._local.items()}
@@ -223,6 +239,10 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
             chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
         )
 
+    async def on_held(message: m.HeldReport) -> None:
+        coordinator.retire_unknown(message.request_ids)
+
     endpoint.on(m.Complete, on_complete)
     endpoint.on(m.Stream, on_stream)
+    endpoint.on(m.HeldReport, on_held)
     endpoint.on_submit_failure(lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error))

@@ -125,6 +125,7 @@ class Endpoint:
         self.on(m.CreditReturn, self._on_credit_return)
         self.on(m.SlotRelease, self._on_slot_release)
         self.on(m.Abort, self._on_abort)
+        self.on(m.HeldQuery, self._on_held_query)
 
     # ------------------------------------------------------------------ registration
 
@@ -381,6 +382,10 @@ class Endpoint:
             stage.abort_requests(message.request_ids)
         if self.process != "main":
             await self.send("main", m.AbortDone(token=message.token, process=self.process))
+
+    async def _on_held_query(self, message: m.HeldQuery) -> None:
+        held = sorted({request_id for stage in self._stages.values() for request_id in stage.active})
+        await self.send("main", m.HeldReport(process=self.process, request_ids=held))
 
     async def _on_ack(self, message: m.DataAck) -> None:
         self._transfers.on_ack(message)

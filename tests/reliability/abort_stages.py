@@ -62,9 +62,19 @@ def create_counted(
     return SimpleScheduler(fn)
 
 
-def route_hog(request_id: str, output: StagePayload) -> str:
-    """``a``'s route: the :data:`HOG` request to the hog stage beside ``b``, every other one to ``b``."""
-    return "h" if output.request.inputs == HOG else "b"
+def route_hog(request_id: str, output: StagePayload) -> str | list[str]:
+    """``a``'s route: the :data:`HOG` request to the hog stage beside ``b``, every other one to ``b`` and ``c``."""
+    return "h" if output.request.inputs == HOG else ["b", "c"]
+
+
+def merge_from_b(inputs: dict[str, StagePayload]) -> StagePayload:
+    """The fan-in ``c`` of ``a`` and ``b``: ``b``'s payload goes on (its trail has ``a`` already)."""
+    return inputs["b"]
+
+
+def only_c(request: OmniRequest) -> str:
+    """A request is done once ``c`` completed, whatever the other terminal stages still do."""
+    return "c"
 
 
 def hog_terminal(request: OmniRequest) -> str:
