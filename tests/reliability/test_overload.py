@@ -1,7 +1,7 @@
 """10x overload: a slow stage, a burst far beyond its capacity, ``max_in_flight`` as the admission limit.
 
 ``a -> b -> c`` in three worker processes; ``b`` serves about 100 requests a second (10 ms each, one
-at a time). The burst offers 1,000 requests a second for 2 s, each with a 1 s deadline, against
+at a time). The burst offers 1,000 requests a second for 2 s, each with a 3 s deadline, against
 ``max_in_flight=50``. Proven:
 
 - memory stays bounded: never more than ``max_in_flight`` requests live (sampled through the burst),
@@ -29,7 +29,7 @@ MAX_IN_FLIGHT = 50
 B_SECONDS = 0.010
 OFFERED_PER_S = 1000
 BURST_S = 2.0
-DEADLINE_S = 1.0
+DEADLINE_S = 3.0
 
 
 def rss_mib(pid: int) -> float:
