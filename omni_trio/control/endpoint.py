@@ -166,11 +166,6 @@ class Endpoint:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
         self._serving.cancel()
 
-    @property
-    def context(self) -> zmq.Context[Any]:
-        """The process's ZMQ context."""
-        return self._ctx
-
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
         assert self._nursery is not None, "the endpoint is not serving"
