@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import attrs
@@ -48,8 +48,9 @@ class StageDirectory(Protocol):
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Deliver a new request to ``stage`` (the entry stage)."""
 
-    async def abort(self, request_id: str) -> None:
-        """Tell every stage to drop ``request_id``."""
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Start telling every stage to drop ``request_id`` (at once: nothing waits in a task before
+        the abort is on its way); await the result to wait until every stage did."""
 
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
@@ -359,15 +360,15 @@ class Coordinator:
         done = self._aborting.get(request_id)
         if done is None:
             done = self._aborting[request_id] = trio.Event()
-            self._nursery.start_soon(self._run_broadcast, request_id, done)
+            self._nursery.start_soon(self._run_broadcast, request_id, done, self._directory.abort(request_id))
         return done
 
-    async def _run_broadcast(self, request_id: str, done: trio.Event) -> None:
+    async def _run_broadcast(self, request_id: str, done: trio.Event, confirmed: Awaitable[None]) -> None:
         try:
             # Shielded (the directory bounds it): an abort must reach every stage even
             # when the caller's scope, and with it this task, is being cancelled.
             with trio.CancelScope(shield=True):
-                await self._directory.abort(request_id)
+                await confirmed
         except Exception as exc:  # noqa: BLE001 - stages that missed it drop the id on their own deadline
             log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
         finally:

@@ -16,7 +16,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -154,10 +154,11 @@ class LocalDirectory:
         """Hand a new request to the entry stage."""
         await self._stages[stage].on_submit(payload)
 
-    async def abort(self, request_id: str) -> None:
-        """Every stage drops ``request_id``."""
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Every stage drops ``request_id``, at once (the result is awaited for the protocol's sake)."""
         for stage in self._stages.values():
             stage.on_abort(request_id)
+        return trio.lowlevel.checkpoint()
 
     def request_audit(self) -> None:
         """Nothing to check: aborts reach stages in this process by a direct call."""

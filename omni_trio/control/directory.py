@@ -13,6 +13,7 @@ stage reports (results, stream chunks, failures) to the coordinator.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,7 +22,7 @@ import trio
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
-from omni_trio.control.aborts import AbortDelivery
+from omni_trio.control.aborts import AbortDelivery, Delivery
 from omni_trio.control.audit import HeldAudit
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
@@ -138,8 +139,9 @@ class ProcessDirectory:
             make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref, replica_bindings=bindings),
         )
 
-    async def abort(self, request_id: str) -> None:
-        """Every stage drops ``request_id``; returns once every live worker confirmed.
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Every stage drops ``request_id``: the caller's stages now, the workers' once their lanes
+        send it; await the result to wait until every live worker confirmed.
 
         The wait is bounded by :data:`ABORT_ACK_TIMEOUT_S` (a worker that stopped answering does
         not hold its caller for good); the delivery itself goes on, resent until every worker
@@ -150,11 +152,14 @@ class ProcessDirectory:
             held.cancel()
         for stage in self._local.values():
             stage.on_abort(request_id)
-        delivery = self._aborts.deliver(request_id, self._live())
+        return self._confirmed(self._aborts.deliver(request_id, self._live()))
+
+    @staticmethod
+    async def _confirmed(delivery: Delivery) -> None:
         with trio.move_on_after(ABORT_ACK_TIMEOUT_S):
             await delivery.done.wait()
         if delivery.waiting:
-            log.warning("abort_not_confirmed_yet", request_id=request_id, processes=sorted(delivery.waiting))
+            log.warning("abort_not_confirmed_yet", request_id=delivery.request_id, processes=sorted(delivery.waiting))
 
     async def _on_abort_done(self, message: m.AbortDone) -> None:
         self._aborts.on_done(message)
