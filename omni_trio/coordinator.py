@@ -359,8 +359,9 @@ class Coordinator:
         """Start (once) the abort broadcast of ``request_id``; the event fires when it is done."""
         done = self._aborting.get(request_id)
         if done is None:
+            confirmed = self._directory.abort(request_id)
             done = self._aborting[request_id] = trio.Event()
-            self._nursery.start_soon(self._run_broadcast, request_id, done, self._directory.abort(request_id))
+            self._nursery.start_soon(self._run_broadcast, request_id, done, confirmed)
         return done
 
     async def _run_broadcast(self, request_id: str, done: trio.Event, confirmed: Awaitable[None]) -> None:
@@ -369,7 +370,7 @@ class Coordinator:
             # when the caller's scope, and with it this task, is being cancelled.
             with trio.CancelScope(shield=True):
                 await confirmed
-        except Exception as exc:  # noqa: BLE001 - stages that missed it drop the id on their own deadline
+        except Exception as exc:  # noqa: BLE001 - a stage that kept the id is found by the safety net (control/audit.py)
             log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
         finally:
             del self._aborting[request_id]
