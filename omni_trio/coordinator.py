@@ -55,9 +55,6 @@ class StageDirectory(Protocol):
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
 
-    def request_audit(self) -> None:
-        """Check, in a while, that no stage holds a request the coordinator resolved (the abort safety net)."""
-
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
 
@@ -351,7 +348,6 @@ class Coordinator:
             self._replicas.release(live.request_id)
         if live.deadline_scope is not None:
             live.deadline_scope.cancel()
-        self._directory.request_audit()
         if live.streaming:
             live.events.send_nowait(result.error if isinstance(result, outcome.Error) else _END_OF_STREAM)
 
@@ -429,8 +425,6 @@ class Coordinator:
             log.info("stale_requests_retired", count=len(unknown), request_ids=unknown[:8])
         for request_id in unknown:
             self._broadcast_abort(request_id)
-        if request_ids:
-            self._directory.request_audit()  # still held, by a live request or by a stale one
         return unknown
 
     # ------------------------------------------------------------------ shutdown

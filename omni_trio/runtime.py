@@ -160,9 +160,6 @@ class LocalDirectory:
             stage.on_abort(request_id)
         return trio.lowlevel.checkpoint()
 
-    def request_audit(self) -> None:
-        """Nothing to check: aborts reach stages in this process by a direct call."""
-
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
         return {name: stage.stats() for name, stage in self._stages.items()}

@@ -4,8 +4,8 @@
 stages run in worker processes: submits go to the entry stage's process,
 aborts go point to point to every live worker and are confirmed by each, resent
 until they are (:mod:`omni_trio.control.aborts`; so when an abort returns, no
-stage holds the request any more), a while after requests were resolved every
-worker is asked what its stages still hold (:mod:`omni_trio.control.audit`),
+stage holds the request any more), workers' reports of what their stages
+hold are checked against the live requests (:mod:`omni_trio.control.audit`),
 and stats are gathered from every process. :func:`serve_coordinator` routes
 stage reports (results, stream chunks, failures) to the coordinator.
 """
@@ -23,7 +23,6 @@ from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.aborts import AbortDelivery, Delivery
-from omni_trio.control.audit import HeldAudit
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
@@ -67,8 +66,6 @@ class ProcessDirectory:
         #: The caller's process's replica bindings (the coordinator holds each live request's).
         self._bindings = bindings
         self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
-        self._audit = HeldAudit(self._query_held)
-        endpoint.spawn(self._audit.run)
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Submits waiting for a restarting process, by request id: an abort releases them.
@@ -163,17 +160,6 @@ class ProcessDirectory:
 
     async def _on_abort_done(self, message: m.AbortDone) -> None:
         self._aborts.on_done(message)
-
-    def request_audit(self) -> None:
-        """Ask every worker, in a while, which requests its stages hold (see :mod:`omni_trio.control.audit`)."""
-        self._audit.want()
-
-    async def _query_held(self) -> None:
-        for process in sorted(self._live()):
-            try:
-                await self._endpoint.send(process, m.HeldQuery())
-            except trio.ClosedResourceError:
-                return  # the pipeline is closing
 
     async def stats(self) -> dict[str, StageStats]:
         """Counters of every stage in every process."""

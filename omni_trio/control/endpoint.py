@@ -22,6 +22,7 @@ and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
+from omni_trio.control.audit import HeldReporter
 from omni_trio.control.codec import encode
 from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
@@ -119,13 +121,13 @@ class Endpoint:
             tracer=tracer,
             describe=describe_error,
         )
-        self.on(m.Submit, self._receiver.on_submit)
-        self.on(m.DataReady, self._receiver.on_data_ready)
+        self._reporter = HeldReporter(self._held, self._report_held)
+        self.on(m.Submit, self._arrived(self._receiver.on_submit))
+        self.on(m.DataReady, self._arrived(self._receiver.on_data_ready))
         self.on(m.DataAck, self._on_ack)
         self.on(m.CreditReturn, self._on_credit_return)
         self.on(m.SlotRelease, self._on_slot_release)
         self.on(m.Abort, self._on_abort)
-        self.on(m.HeldQuery, self._on_held_query)
 
     # ------------------------------------------------------------------ registration
 
@@ -157,6 +159,8 @@ class Endpoint:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._dispatcher.receive_loop, self._pull, str(path))
+                    if self.process != "main":
+                        nursery.start_soon(self._reporter.run)
                     task_status.started()
                     await trio.sleep_forever()
         finally:
@@ -378,9 +382,21 @@ class Endpoint:
         if self.process != "main":
             await self.send("main", m.AbortDone(token=message.token, process=self.process))
 
-    async def _on_held_query(self, message: m.HeldQuery) -> None:
-        held = sorted({request_id for stage in self._stages.values() for request_id in stage.active})
-        await self.send("main", m.HeldReport(process=self.process, request_ids=held))
+    def _arrived(self, handler: Callable[[M], Awaitable[None]]) -> Callable[[M], Awaitable[None]]:
+        """``handler``, after which the safety net reports what the stages hold (in a while)."""
+
+        async def handle(message: M) -> None:
+            self._reporter.want()
+            await handler(message)
+
+        return handle
+
+    def _held(self) -> list[str]:
+        return sorted({request_id for stage in self._stages.values() for request_id in stage.active})
+
+    async def _report_held(self, held: list[str]) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):  # closing: nothing is held for long now
+            await self.send("main", m.HeldReport(process=self.process, request_ids=held))
 
     async def _on_ack(self, message: m.DataAck) -> None:
         self._transfers.on_ack(message)

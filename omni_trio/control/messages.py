@@ -31,7 +31,6 @@ __all__ = [
     "CreditReturn",
     "DataAck",
     "DataReady",
-    "HeldQuery",
     "HeldReport",
     "Ready",
     "Shutdown",
@@ -321,17 +320,11 @@ class AbortDone(ControlMessage):
     process: str = attrs.field(validator=_nonempty_str)
 
 
-@message("held_query")
-@attrs.frozen
-class HeldQuery(ControlMessage):
-    """Coordinator → worker: name the requests your stages hold (the abort safety net)."""
-
-
 @message("held_report")
 @attrs.frozen
 class HeldReport(ControlMessage):
-    """Worker → coordinator: the requests the stages of ``process`` hold; those the coordinator no
-    longer knows are aborted."""
+    """Worker → coordinator (the abort safety net): the requests the stages of ``process`` hold;
+    those the coordinator no longer knows are aborted."""
 
     process: str = attrs.field(validator=_nonempty_str)
     request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)
