@@ -10,8 +10,9 @@ plane.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import attrs
@@ -49,8 +50,9 @@ class StageDirectory(Protocol):
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Deliver a new request to ``stage`` (the entry stage)."""
 
-    async def abort(self, request_id: str) -> None:
-        """Tell every stage to drop ``request_id``."""
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Start telling every stage to drop ``request_id`` (at once: nothing waits in a task before
+        the abort is on its way); await the result to wait until every stage did."""
 
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""
@@ -311,8 +313,11 @@ class Coordinator:
         """Run one request and iterate over its stream chunks and completions.
 
         Use as ``async with pipeline.stream(...) as events: async for ev in
-        events`` (leaving the block early aborts the request) or directly as
-        ``async for ev in pipeline.stream(...)``. Yields
+        events``: leaving the block early, however, aborts the request before
+        the block is left. Directly as ``async for ev in pipeline.stream(...)``,
+        a loop left early aborts the request only once the stream object is
+        garbage-collected (at once in CPython, unless something still refers to
+        it), without waiting for the abort. Yields
         :class:`StreamMessage` and :class:`CompleteMessage` objects; ends after
         the last terminal stage completed; raises the request's error.
         """
@@ -364,10 +369,14 @@ class Coordinator:
     # ------------------------------------------------------------------ resolution
 
     async def _abort(self, live: _LiveRequest, error: RequestError) -> None:
+        await self._abort_now(live, error).wait()
+
+    def _abort_now(self, live: _LiveRequest, error: RequestError) -> trio.Event:
+        """Resolve ``live`` with ``error`` and start its abort everywhere; the event fires once that is done."""
         if self._tracer.enabled:
             self._tracer.event("request_aborted", request_id=live.request_id, stage="coordinator", reason=str(error))
         self._resolve(live, outcome.Error(error))
-        await self._broadcast_abort(live.request_id).wait()
+        return self._broadcast_abort(live.request_id)
 
     def _resolve(self, live: _LiveRequest, result: outcome.Outcome[Any]) -> None:
         """Settle a request exactly once and forget it."""
@@ -387,17 +396,18 @@ class Coordinator:
         """Start (once) the abort broadcast of ``request_id``; the event fires when it is done."""
         done = self._aborting.get(request_id)
         if done is None:
+            confirmed = self._directory.abort(request_id)
             done = self._aborting[request_id] = trio.Event()
-            self._nursery.start_soon(self._run_broadcast, request_id, done)
+            self._nursery.start_soon(self._run_broadcast, request_id, done, confirmed)
         return done
 
-    async def _run_broadcast(self, request_id: str, done: trio.Event) -> None:
+    async def _run_broadcast(self, request_id: str, done: trio.Event, confirmed: Awaitable[None]) -> None:
         try:
             # Shielded (the directory bounds it): an abort must reach every stage even
             # when the caller's scope, and with it this task, is being cancelled.
             with trio.CancelScope(shield=True):
-                await self._directory.abort(request_id)
-        except Exception as exc:  # noqa: BLE001 - stages that missed it drop the id on their own deadline
+                await confirmed
+        except Exception as exc:  # noqa: BLE001 - a stage that kept the id is found by the safety net (control/audit.py)
             log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
         finally:
             del self._aborting[request_id]
@@ -443,6 +453,20 @@ class Coordinator:
         live = self._live.get(request_id)
         if live is not None and live.streaming:
             live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id))
+
+    def retire_unknown(self, request_ids: Collection[str]) -> list[str]:
+        """Stages hold ``request_ids``: abort everywhere those this coordinator no longer knows.
+
+        The abort safety net (see :mod:`omni_trio.control.audit`). An id is unknown when it is
+        neither live nor being aborted: its request was resolved, so nobody waits for what the
+        stages still do with it. Returns those ids.
+        """
+        unknown = [rid for rid in request_ids if rid not in self._live and rid not in self._aborting]
+        if unknown:
+            log.info("stale_requests_retired", count=len(unknown), request_ids=unknown[:8])
+        for request_id in unknown:
+            self._broadcast_abort(request_id)
+        return unknown
 
     # ------------------------------------------------------------------ shutdown
 
@@ -492,6 +516,7 @@ class RequestStream:
         self._args = (inputs, params, metadata, deadline)
         self._live: _LiveRequest | None = None
         self._finished = False
+        self._token: trio.lowlevel.TrioToken | None = None
 
     async def _start(self) -> _LiveRequest:
         if self._live is None:
@@ -500,6 +525,7 @@ class RequestStream:
                 self.request_id, inputs, params, metadata, streaming=True, deadline=deadline
             )
             self._live = live
+            self._token = trio.lowlevel.current_trio_token()
             try:
                 await self._coordinator._send_submit(live)
             except BaseException:
@@ -535,6 +561,24 @@ class RequestStream:
                 await self._coordinator._settled(self.request_id)
             raise event
         return event
+
+    def __del__(self) -> None:
+        # A bare ``async for`` left early (break, return, an exception in its body) never calls
+        # aclose: the request would run on in the stages. Collected, the stream aborts it from the
+        # trio loop (run_sync_soon may be called from __del__, on any thread).
+        live = self._live
+        if live is None or live.done.is_set() or self._token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # the loop is gone, and the pipeline with it
+            self._token.run_sync_soon(self._abort_dropped, live)
+
+    def _abort_dropped(self, live: _LiveRequest) -> None:
+        if live.done.is_set():
+            return
+        try:
+            self._coordinator._abort_now(live, RequestAborted(self.request_id, "its stream was dropped unread"))
+        except RuntimeError as exc:  # the pipeline is closing: its close aborts what is live
+            log.warning("dropped_stream_abort_failed", request_id=self.request_id, error=repr(exc))
 
     async def aclose(self) -> None:
         """Stop reading; a request still running is aborted everywhere."""

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -175,10 +175,11 @@ class LocalDirectory:
         self._transports.note("submit", stage, "local_object", tensor_bytes(payload))
         await self._stages[stage].on_submit(payload)
 
-    async def abort(self, request_id: str) -> None:
-        """Every stage drops ``request_id``."""
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Every stage drops ``request_id``, at once (the result is awaited for the protocol's sake)."""
         for stage in self._stages.values():
             stage.on_abort(request_id)
+        return trio.lowlevel.checkpoint()
 
     async def stats(self) -> dict[str, StageStats]:
         """Every stage's counters."""

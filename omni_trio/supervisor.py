@@ -3,8 +3,8 @@
 Each process group runs what ``python -m omni_trio.worker SPEC`` runs, started
 by the pipeline's launcher (:mod:`omni_trio.launch`: forked from a preloaded
 template by default, or spawned). Its exit is an awaited event, not a poll.
-Start-up is ready when the worker said ``Ready`` *and* its abort
-subscription reached our XPUB socket (so no abort can be missed). Shutdown
+Start-up is ready when the worker said ``Ready`` (its control socket, where
+aborts arrive too, is bound by then, so no abort can be missed). Shutdown
 is graceful (``Shutdown``, stages drain), then firm (terminate, then kill),
 all processes in parallel, never blocking the trio loop.
 
@@ -28,8 +28,7 @@ import trio
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
-from omni_trio.control.endpoint import Endpoint, abort_path, ready_topic
-from omni_trio.control.zmq_trio import TrioSocket, bind_xpub
+from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
 from omni_trio.launch import Launcher, WorkerProcess, launcher_for
 from omni_trio.stage.replicas import split_replica
@@ -67,8 +66,6 @@ class Worker:
 
     name: str
     process: WorkerProcess | None = None
-    ready: trio.Event = attrs.field(factory=trio.Event)
-    subscribed: trio.Event = attrs.field(factory=trio.Event)
     settled: trio.Event = attrs.field(factory=trio.Event)
     exited: trio.Event = attrs.field(factory=trio.Event)
     failure: str | None = None
@@ -78,7 +75,7 @@ class Worker:
 
     @property
     def live(self) -> bool:
-        """Ready (abort subscription included) and not exited: it answers aborts and stats."""
+        """Ready and not exited: it answers aborts and stats."""
         return self.settled.is_set() and self.failure is None and not self.exited.is_set()
 
     @property
@@ -133,7 +130,6 @@ class Supervisor:
         self._on_restarted = on_restarted
         self.workers = {name: Worker(name) for name in groups}
         self._stopping = False
-        self._abort: TrioSocket | None = None
         self._nursery: trio.Nursery | None = None
         #: Bounds each restarted process's start-up, like the pipeline's.
         self._start_timeout = start_timeout
@@ -158,12 +154,6 @@ class Supervisor:
         stage = next(s for s in self._config.stages if s.process == group)
         return stage.max_restarts if stage.restart == "on-failure" else 0
 
-    @property
-    def abort_socket(self) -> TrioSocket:
-        """The broadcast channel for aborts (bound in :meth:`start`)."""
-        assert self._abort is not None
-        return self._abort
-
     def live_workers(self) -> list[Worker]:
         """Workers that are ready and have not exited (a restarting one counts once it is ready again)."""
         return [w for w in self.workers.values() if w.live]
@@ -181,10 +171,6 @@ class Supervisor:
         """Start every worker; they initialise in parallel (see :meth:`wait_ready`)."""
         self._nursery = nursery
         await self._launcher.start(nursery)
-        xpub = bind_xpub(self._endpoint.context, abort_path(self._ipc_dir), self._endpoint.policy)
-        self._abort = xpub
-        self._endpoint.adopt(xpub)
-        nursery.start_soon(self._watch_subscriptions, xpub)
         for index, worker in enumerate(self.workers.values(), start=1):
             await self._start(worker, index, [])
 
@@ -224,33 +210,10 @@ class Supervisor:
             pickle.dump(spec, handle)
         return path
 
-    def _settle_if_ready(self, worker: Worker) -> None:
-        if worker.ready.is_set() and worker.subscribed.is_set():
-            worker.settled.set()
-
     async def _on_ready(self, message: m.Ready) -> None:
         worker = self.workers.get(message.process)
         if worker is not None:
-            worker.ready.set()
-            self._settle_if_ready(worker)
-
-    async def _watch_subscriptions(self, xpub: TrioSocket) -> None:
-        with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
-            await self._read_subscriptions(xpub)
-
-    async def _read_subscriptions(self, xpub: TrioSocket) -> None:
-        while True:
-            try:
-                frames = await xpub.recv_multipart()
-            except trio.ClosedResourceError:
-                return
-            if frames:
-                topic = frames[0]
-                policy = self._endpoint.policy
-                worker = next((w for n, w in self.workers.items() if topic == b"\x01" + ready_topic(n, policy)), None)
-                if worker is not None:
-                    worker.subscribed.set()
-                    self._settle_if_ready(worker)
+            worker.settled.set()
 
     async def _watch_exit(self, worker: Worker) -> None:
         assert worker.process is not None

@@ -1,7 +1,7 @@
 """``python -m omni_trio.worker SPEC``: one process group's ``trio.run``.
 
 The runtime starts one worker per process group. A worker builds its
-stages, binds its control socket, subscribes to the abort broadcast, starts
+stages, binds its control socket (aborts arrive there too), starts
 the stages (scheduler warm-up included) and reports ``Ready``; any failure
 before that leaves its traceback in ``<process>.traceback`` in the IPC
 directory (a file: it is there before the process exits, which a message
@@ -28,14 +28,12 @@ from pathlib import Path
 
 import attrs
 import trio
-import zmq
 
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
 from omni_trio.comm.shm import freeze_creation
 from omni_trio.control import messages as m
-from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
+from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
-from omni_trio.control.zmq_trio import connect_sub
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path
@@ -124,13 +122,6 @@ async def _start_stages(
 ) -> dict[str, Stage]:
     from omni_trio.runtime import build_stages, connect_stages
 
-    abort = connect_sub(endpoint.context, abort_path(Path(spec.ipc_dir)), endpoint.policy)
-    # Subscribing to our ready topic after the abort topic lets the runtime see,
-    # through its XPUB socket, that the abort subscription is in place.
-    abort.socket.setsockopt(zmq.SUBSCRIBE, ABORT_TOPIC)
-    abort.socket.setsockopt(zmq.SUBSCRIBE, ready_topic(spec.process, endpoint.policy))
-    endpoint.adopt(abort)
-    endpoint.connect_abort_channel(abort)
     config = spec.config
     group, replica = split_replica(spec.process)
     stages: dict[str, Stage] = build_stages(

@@ -2,15 +2,18 @@
 
 :class:`ProcessDirectory` is the coordinator's :class:`StageDirectory` when
 stages run in worker processes: submits go to the entry stage's process,
-aborts go out on the broadcast channel and are acknowledged by every live
-worker (so when an abort returns, no stage holds the request any more), and
-stats are gathered from every process. :func:`serve_coordinator` routes
+aborts go point to point to every live worker and are confirmed by each, resent
+until they are (:mod:`omni_trio.control.aborts`; so when an abort returns, no
+stage holds the request any more), workers' reports of what their stages
+hold are checked against the live requests (:mod:`omni_trio.control.audit`),
+and stats are gathered from every process. :func:`serve_coordinator` routes
 stage reports (results, stream chunks, failures) to the coordinator.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -20,8 +23,8 @@ from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
-from omni_trio.control.codec import encode
-from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint, chunk_list
+from omni_trio.control.aborts import AbortDelivery, Delivery
+from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
 from omni_trio.stage.stage import StageStats
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-#: How long an abort waits for every worker's acknowledgement.
+#: How long an abort's caller waits for every worker's confirmation (delivery goes on after it).
 ABORT_ACK_TIMEOUT_S = 5.0
 #: How long stats() waits for every worker's reply.
 STATS_TIMEOUT_S = 10.0
@@ -63,7 +66,7 @@ class ProcessDirectory:
         self._supervisor = supervisor
         #: The caller's process's replica bindings (the coordinator holds each live request's).
         self._bindings = bindings
-        self._aborts: dict[str, _Replies] = {}
+        self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
         self._stats: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Each worker's refused frames, as of its last stats reply.
@@ -93,7 +96,8 @@ class ProcessDirectory:
 
     def forget(self, process: str) -> None:
         """A worker is gone: stop waiting for its replies."""
-        for replies in [*self._aborts.values(), *self._stats.values()]:
+        self._aborts.forget(process)
+        for replies in self._stats.values():
             replies.arrived(process)
 
     async def submit(self, stage: str, payload: StagePayload) -> None:
@@ -136,29 +140,30 @@ class ProcessDirectory:
             make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref, replica_bindings=bindings),
         )
 
-    async def abort(self, request_id: str) -> None:
-        """Every stage drops ``request_id``; returns once every live worker confirmed."""
+    def abort(self, request_id: str) -> Awaitable[None]:
+        """Every stage drops ``request_id``: the caller's stages now, the workers' once their lanes
+        send it; await the result to wait until every live worker confirmed.
+
+        The wait is bounded by :data:`ABORT_ACK_TIMEOUT_S` (a worker that stopped answering does
+        not hold its caller for good); the delivery itself goes on, resent until every worker
+        confirmed or is known gone.
+        """
         held = self._held.get(request_id)
         if held is not None:
             held.cancel()
         for stage in self._local.values():
             stage.on_abort(request_id)
-        replies = self._aborts[request_id] = _Replies(self._live())
-        try:
-            if replies.waiting:
-                frames = [ABORT_TOPIC, *encode(m.Abort(request_id=request_id))]
-                await self._supervisor.abort_socket.send_multipart(frames)
-                with trio.move_on_after(ABORT_ACK_TIMEOUT_S):
-                    await replies.done.wait()
-                if replies.waiting:
-                    log.warning("abort_not_confirmed", request_id=request_id, processes=sorted(replies.waiting))
-        finally:
-            del self._aborts[request_id]
+        return self._confirmed(self._aborts.deliver(request_id, self._live()))
+
+    @staticmethod
+    async def _confirmed(delivery: Delivery) -> None:
+        with trio.move_on_after(ABORT_ACK_TIMEOUT_S):
+            await delivery.done.wait()
+        if delivery.waiting:
+            log.warning("abort_not_confirmed_yet", request_id=delivery.request_id, processes=sorted(delivery.waiting))
 
     async def _on_abort_done(self, message: m.AbortDone) -> None:
-        replies = self._aborts.get(message.request_id)
-        if replies is not None:
-            replies.arrived(message.process)
+        self._aborts.on_done(message)
 
     async def stats(self) -> dict[str, StageStats]:
         """Counters of every stage in every process."""
@@ -240,6 +245,10 @@ def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
             chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
         )
 
+    async def on_held(message: m.HeldReport) -> None:
+        coordinator.retire_unknown(message.request_ids)
+
     endpoint.on(m.Complete, on_complete)
     endpoint.on(m.Stream, on_stream)
+    endpoint.on(m.HeldReport, on_held)
     endpoint.on_submit_failure(lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error))

@@ -4,10 +4,11 @@ Every process of a pipeline (the caller's "main" process and each worker)
 has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
 directory that receives every control message for the process, one PUSH
 socket per peer process, and the shared-memory relays of the stages that send
-from it. Aborts arrive on the broadcast channel (PUB/SUB). Every socket is
-built with the endpoint's :class:`~omni_trio.control.zmq_trio.SocketPolicy`
-(the run's proof on every message, the size cap), and messages go only to the
-run's own processes: a name from a message never becomes a new socket path.
+from it. Aborts arrive on the PULL socket too, behind whatever the sender sent
+before them (see :mod:`omni_trio.control.aborts`). Every socket is built with
+the endpoint's :class:`~omni_trio.control.zmq_trio.SocketPolicy` (the run's
+proof on every message, the size cap), and messages go only to the run's own
+processes: a name from a message never becomes a new socket path.
 
 The endpoint puts together parts with one job each, every one built with what
 it needs: a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and
@@ -24,6 +25,7 @@ and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import time
@@ -40,6 +42,7 @@ from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
+from omni_trio.control.audit import HeldReporter
 from omni_trio.control.codec import encode
 from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
@@ -53,18 +56,11 @@ if TYPE_CHECKING:
     from omni_trio.stage.stage import Stage
 
 __all__ = [
-    "ABORT_TOPIC",
     "COORDINATOR",
     "Endpoint",
-    "abort_path",
     "chunk_list",
-    "ready_topic",
     "socket_path",
 ]
-
-#: The topic of abort messages on the broadcast channel (not a message tag:
-#: frames of a message sent point to point never start with it).
-ABORT_TOPIC = b"omni-trio.abort"
 
 M = TypeVar("M", bound=m.ControlMessage)
 
@@ -72,18 +68,6 @@ M = TypeVar("M", bound=m.ControlMessage)
 def socket_path(ipc_dir: Path, process: str) -> Path:
     """Where ``process`` receives its control messages."""
     return ipc_dir / f"{process}.sock"
-
-
-def abort_path(ipc_dir: Path) -> Path:
-    """The broadcast channel for aborts."""
-    return ipc_dir / "abort.sock"
-
-
-def ready_topic(process: str, policy: SocketPolicy) -> bytes:
-    """The subscription a worker adds after the abort topic, so the publisher can
-    see (through XPUB) that the worker's subscription to aborts is in place
-    (with the run's proof: another process cannot fake it)."""
-    return policy.auth.topic(b"ready:" + process.encode())
 
 
 def _elapsed_ms(start: float) -> float:
@@ -121,7 +105,6 @@ class Endpoint:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._pull: TrioSocket | None = None
         self._push: dict[str, TrioSocket] = {}
-        self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
         self._allocators: dict[str, SlotAllocator] = {}
         self._gpu_stages = gpu_stages
@@ -149,8 +132,9 @@ class Endpoint:
             tracer=tracer,
             describe=describe_error,
         )
-        self.on(m.Submit, self._receiver.on_submit)
-        self.on(m.DataReady, self._receiver.on_data_ready)
+        self._reporter = HeldReporter(self._held, self._report_held)
+        self.on(m.Submit, self._arrived(self._receiver.on_submit))
+        self.on(m.DataReady, self._arrived(self._receiver.on_data_ready))
         self.on(m.DataAck, self._on_ack)
         self.on(m.CreditReturn, self._on_credit_return)
         self.on(m.SlotRelease, self._on_slot_release)
@@ -186,6 +170,8 @@ class Endpoint:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._dispatcher.receive_loop, self._pull, str(path))
+                    if self.process != "main":
+                        nursery.start_soon(self._reporter.run)
                     task_status.started()
                     await trio.sleep_forever()
         finally:
@@ -194,15 +180,6 @@ class Endpoint:
     def stop(self) -> None:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
         self._serving.cancel()
-
-    @property
-    def context(self) -> zmq.Context[Any]:
-        """The process's ZMQ context."""
-        return self._ctx
-
-    def adopt(self, sock: TrioSocket) -> None:
-        """Close ``sock`` with the endpoint."""
-        self._adopted.append(sock)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
@@ -219,7 +196,7 @@ class Endpoint:
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
             self._releases.clear()
-            for sock in [*self._push.values(), *self._adopted, *([self._pull] if self._pull else [])]:
+            for sock in [*self._push.values(), *([self._pull] if self._pull else [])]:
                 sock.close()
             self._push.clear()
             self._ctx.destroy(linger=0)
@@ -242,10 +219,6 @@ class Endpoint:
     async def send(self, process: str, message: m.ControlMessage) -> None:
         """Send one control message to ``process``."""
         await self._socket_to(process).send_multipart(encode(message))
-
-    def connect_abort_channel(self, sock: TrioSocket) -> None:
-        """Handle aborts arriving on a subscribed broadcast socket (workers)."""
-        self.spawn(self._dispatcher.receive_loop, sock, str(abort_path(self.ipc_dir)), True)
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)
@@ -436,9 +409,25 @@ class Endpoint:
 
     async def _on_abort(self, message: m.Abort) -> None:
         for stage in self._stages.values():
-            stage.on_abort(message.request_id)
+            stage.abort_requests(message.request_ids)
         if self.process != "main":
-            await self.send("main", m.AbortDone(request_id=message.request_id, process=self.process))
+            await self.send("main", m.AbortDone(token=message.token, process=self.process))
+
+    def _arrived(self, handler: Callable[[M], Awaitable[None]]) -> Callable[[M], Awaitable[None]]:
+        """``handler``, after which the safety net reports what the stages hold (in a while)."""
+
+        async def handle(message: M) -> None:
+            self._reporter.want()
+            await handler(message)
+
+        return handle
+
+    def _held(self) -> list[str]:
+        return sorted({request_id for stage in self._stages.values() for request_id in stage.active})
+
+    async def _report_held(self, held: list[str]) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):  # closing: nothing is held for long now
+            await self.send("main", m.HeldReport(process=self.process, request_ids=held))
 
     async def _on_ack(self, message: m.DataAck) -> None:
         self._transfers.on_ack(message)

@@ -33,6 +33,7 @@ __all__ = [
     "CreditReturn",
     "DataAck",
     "DataReady",
+    "HeldReport",
     "Ready",
     "Shutdown",
     "SlotRelease",
@@ -133,6 +134,11 @@ def _chunk_count(instance: object, attribute: attrs.Attribute[Any], value: objec
 def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if type(value) is not int or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _nonempty_ids(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if not value or not all(value):
+        raise ValueError(f"{attribute.name} must be non-empty request ids, got {value!r}")
 
 
 def _str_tuple(value: object) -> tuple[str, ...]:
@@ -311,18 +317,29 @@ class Stream(ControlMessage):
 @message("abort")
 @attrs.frozen
 class Abort(ControlMessage):
-    """Coordinator → every stage (broadcast): drop everything about a request."""
+    """Coordinator → worker (point to point): drop everything about these requests, confirm ``token``."""
 
-    request_id: str = attrs.field(validator=_nonempty_str)
+    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_nonempty_ids)
+    token: int = attrs.field(validator=_exact(int))
 
 
 @message("abort_done")
 @attrs.frozen
 class AbortDone(ControlMessage):
-    """Worker → coordinator: every stage of ``process`` dropped ``request_id``."""
+    """Worker → coordinator: every stage of ``process`` dropped the requests of the Abort ``token``."""
 
-    request_id: str = attrs.field(validator=_nonempty_str)
+    token: int = attrs.field(validator=_exact(int))
     process: str = attrs.field(validator=_process_name)
+
+
+@message("held_report")
+@attrs.frozen
+class HeldReport(ControlMessage):
+    """Worker → coordinator (the abort safety net): the requests the stages of ``process`` hold;
+    those the coordinator no longer knows are aborted."""
+
+    process: str = attrs.field(validator=_nonempty_str)
+    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)
 
 
 @message("shutdown")

@@ -73,13 +73,17 @@ class Inbox(queue.Queue[IncomingMessage]):
             del self._on_taken[id(item)]
         callback()
 
-    def purge(self, request_id: str) -> int:
-        """Drop the queued messages of ``request_id``, running their callbacks; returns how many."""
+    def purge(self, *request_ids: str) -> int:
+        """Drop the queued messages of ``request_ids``, running their callbacks; returns how many.
+
+        One sweep of the queue whatever the number of ids (an abort storm purges in batches).
+        """
+        dropped = set(request_ids)
         with self.mutex:
             kept: list[IncomingMessage] = []
             removed: list[IncomingMessage] = []
             for item in self.queue:
-                (removed if item.request_id == request_id else kept).append(item)
+                (removed if item.request_id in dropped else kept).append(item)
             if removed:
                 self.queue.clear()
                 self.queue.extend(kept)

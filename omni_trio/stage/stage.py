@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import attrs
@@ -338,10 +338,15 @@ class Stage:
         self.scheduler.inbox.put(IncomingMessage(request_id, "stream_done", from_stage))
 
     def on_abort(self, request_id: str) -> None:
-        """Drop everything about ``request_id`` here (abort broadcast)."""
-        self._retire(request_id)
-        self.clear_request_state(request_id)
-        self._let_go(request_id)
+        """Drop everything about ``request_id`` here (an abort)."""
+        self.abort_requests((request_id,))
+
+    def abort_requests(self, request_ids: Collection[str]) -> None:
+        """Drop everything about each of ``request_ids`` here (an abort; the inbox is swept once)."""
+        self._retire(request_ids)
+        for request_id in request_ids:
+            self.clear_request_state(request_id)
+            self._let_go(request_id)
 
     async def execute(self, payload: StagePayload) -> None:
         """Hand a payload to the scheduler as a ``new_request``."""
@@ -424,24 +429,29 @@ class Stage:
 
     # ------------------------------------------------------------------ state
 
-    def _retire(self, request_id: str) -> None:
-        """Remember ``request_id`` as finished-with-failure and tell the scheduler, once."""
-        if request_id in self.aborted:
-            return
-        self.aborted.add(request_id)
-        self._scopes.cancel(request_id)
-        self._purge_inbox(request_id)
-        if isinstance(self.scheduler.outbox, Outbox):
-            # Unsent chunks go now, and a producer blocked putting one for this request is let go.
-            self.scheduler.outbox.discard_streams(request_id)
-        try:
-            self.scheduler.abort(request_id)
-        except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling
-            log.warning("scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
-        if self._on_retire is not None:
-            self._on_retire(request_id)
+    def _retire(self, request_ids: Collection[str]) -> None:
+        """Remember each of ``request_ids`` as finished-with-failure and tell the scheduler, once."""
+        fresh = [request_id for request_id in dict.fromkeys(request_ids) if request_id not in self.aborted]
+        for request_id in fresh:
+            self.aborted.add(request_id)
+            self._scopes.cancel(request_id)
+        if fresh:
+            # Before the scheduler's abort hook: a scheduler may queue its own abort note.
+            self._purge_inbox(fresh)
+        for request_id in fresh:
+            if isinstance(self.scheduler.outbox, Outbox):
+                # Unsent chunks go now, and a producer blocked putting one for this request is let go.
+                self.scheduler.outbox.discard_streams(request_id)
+            try:
+                self.scheduler.abort(request_id)
+            except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling
+                log.warning(
+                    "scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc)
+                )
+            if self._on_retire is not None:
+                self._on_retire(request_id)
 
-    def _purge_inbox(self, request_id: str) -> None:
+    def _purge_inbox(self, request_ids: list[str]) -> None:
         """Take a retired request's queued messages out of the scheduler's inbox.
 
         Schedulers skip aborted ids anyway; purging means they never even see
@@ -449,12 +459,13 @@ class Stage:
         """
         inbox = self.scheduler.inbox
         if isinstance(inbox, Inbox):
-            inbox.purge(request_id)  # runs the callbacks of tracked chunks (their credits go back)
+            inbox.purge(*request_ids)  # runs the callbacks of tracked chunks (their credits go back)
             return
         if not isinstance(inbox, queue.Queue) or not isinstance(inbox.queue, collections.deque):
             return  # not a FIFO queue.Queue: only the scheduler itself can drop the messages
+        dropped = set(request_ids)
         with inbox.mutex:
-            kept = [message for message in inbox.queue if message.request_id != request_id]
+            kept = [message for message in inbox.queue if message.request_id not in dropped]
             removed = len(inbox.queue) - len(kept)
             if removed:
                 inbox.queue.clear()
@@ -479,7 +490,7 @@ class Stage:
 
     async def send_failure(self, request_id: str, error: str) -> None:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
-        self._retire(request_id)
+        self._retire((request_id,))
         self.clear_request_state(request_id)
         self._let_go(request_id)
         if self._tracer.enabled:

@@ -119,9 +119,9 @@ def test_large_bytes_travel_out_of_band() -> None:
     [
         ("nope", {}, "unknown message type"),
         ("abort", {}, "required field missing"),
-        ("abort", {"request_id": "r", "extra": 1}, "extra fields"),
-        ("abort", {"request_id": ""}, "non-empty"),
-        ("abort", {"request_id": 5}, "str"),
+        ("abort", {"request_ids": ["r"], "token": 1, "extra": 1}, "extra fields"),
+        ("abort", {"request_ids": [""], "token": 1}, "non-empty"),
+        ("abort", {"request_ids": [5], "token": 1}, "str"),
         ("data_ready", {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": {}, "x": 1}, "extra"),
         ("data_ready", {"request_id": "r", "from_stage": "a", "to_stage": "b"}, "needs a data_ref"),
         ("data_ready", {"request_id": "r", "from_stage": "a", "to_stage": "b", "data_ref": [1]}, "map"),

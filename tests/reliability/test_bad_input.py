@@ -33,7 +33,7 @@ BURST = 100
 def _valid_messages(stage_here: str) -> list[list[bytes]]:
     ref = {"kind": "stage_payload", "object_id": "ghost:payload:a:b:0"}
     return [
-        encode(m.Abort(request_id="ghost")),
+        encode(m.Abort(request_ids=("ghost",), token=0)),
         encode(m.DataAck(request_id="ghost", from_stage=stage_here, to_stage="a", object_id="o", success=True)),
         encode(m.Submit(request_id="ghost", to_stage=stage_here, data_ref=ref)),
         encode(m.DataReady(request_id="ghost", from_stage="a", to_stage=stage_here, chunk_id=3, data_ref=ref)),

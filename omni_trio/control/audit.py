@@ -1,0 +1,58 @@
+"""The abort safety net: a worker names the requests its stages hold; the coordinator aborts the
+ones it no longer knows.
+
+Aborts are delivered for certain (:mod:`omni_trio.control.aborts`), but a stage can still come to
+hold a request that is over: data that arrives after the stage's memory of retired ids moved on, a
+branch whose result the request does not wait for (``terminal_stages_fn`` narrowed it), a message
+that reached a stage behind its request's abort from another sender. So a worker that received work
+reports, :data:`REPORT_INTERVAL_S` later, the requests its stages still hold
+(:class:`~omni_trio.control.messages.HeldReport`), and again every interval while they hold any.
+The coordinator aborts, as any abort, every id in a report that is neither live nor being aborted
+(:meth:`omni_trio.coordinator.Coordinator.retire_unknown`): it was resolved, nobody waits for it.
+A report lists only ids held when it was made, and the coordinator checks them when it arrives, so
+a request admitted since can never be taken for a stale one.
+
+Event-driven and rate-limited: work arriving wants a report; under load a worker reports once per
+interval; a worker that holds nothing reports nothing and sleeps until work arrives again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+#: The wait between work arriving at a worker and its report of what its stages hold.
+REPORT_INTERVAL_S = 2.0
+
+
+class HeldReporter:
+    """Reports ``held()`` with ``report(ids)`` :data:`REPORT_INTERVAL_S` after it is wanted, and
+    every interval after that while ``held()`` names any request."""
+
+    def __init__(
+        self,
+        held: Callable[[], list[str]],
+        report: Callable[[list[str]], Awaitable[None]],
+        interval_s: float = REPORT_INTERVAL_S,
+    ) -> None:
+        self._held = held
+        self._report = report
+        self._interval_s = interval_s
+        self._wanted = trio.Event()
+
+    def want(self) -> None:
+        """Work arrived: report what is held in a while."""
+        self._wanted.set()
+
+    async def run(self) -> None:
+        """Report as it is wanted, until cancelled."""
+        while True:
+            await self._wanted.wait()
+            await trio.sleep(self._interval_s)
+            # Reset before looking: work arriving from here on wants the next report.
+            self._wanted = trio.Event()
+            held = self._held()
+            if held:
+                self._wanted.set()  # still holding: look again next interval
+                await self._report(held)

@@ -1,0 +1,40 @@
+"""HeldReporter inside one trio.run on trio's MockClock: the safety net's worker side reports what
+is held a while after work arrived, every interval while anything is held, and nothing when idle."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from omni_trio.control.audit import REPORT_INTERVAL_S, HeldReporter
+
+
+def test_reports_follow_work_and_stop_when_nothing_is_held() -> None:
+    held: list[str] = []
+    reports: list[tuple[float, list[str]]] = []
+
+    async def report(ids: list[str]) -> None:
+        reports.append((trio.current_time(), ids))
+
+    async def main() -> None:
+        reporter = HeldReporter(lambda: list(held), report)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reporter.run)
+            await trio.sleep(100)
+            assert reports == []  # no work arrived: nothing is reported, the task sleeps
+            start = trio.current_time()
+            held.append("r1")
+            reporter.want()
+            reporter.want()  # more work before the report: still one report per interval
+            await trio.sleep(3 * REPORT_INTERVAL_S + 0.5)
+            assert [(round(at - start, 6), ids) for at, ids in reports] == [
+                (REPORT_INTERVAL_S, ["r1"]),
+                (2 * REPORT_INTERVAL_S, ["r1"]),
+                (3 * REPORT_INTERVAL_S, ["r1"]),
+            ]
+            held.clear()  # the coordinator aborted it
+            await trio.sleep(100)
+            assert len(reports) == 3  # nothing held: no report, and no further round
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
