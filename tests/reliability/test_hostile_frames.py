@@ -183,7 +183,7 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
                     for i in range(10)
                 ] + [
                     encode(m.DataReady(request_id="g", from_stage="a", to_stage="b", is_done=True)),
-                    encode(m.Abort(request_id="before")),
+                    encode(m.Abort(request_ids=("before",), token=1)),
                     encode(m.StatsRequest(reply_to="main", token=1)),
                     encode(m.Shutdown()),
                 ]
@@ -191,7 +191,7 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
                     encode(m.Complete(request_id="g", from_stage="b", success=False, error="forged")),
                     encode(m.Ready(process="p_b", stages=["b"])),
                     encode(m.StatsReply(token=0, stages={}, process="p_b", refused_frames=0)),
-                    encode(m.AbortDone(request_id="g", process="p_b")),
+                    encode(m.AbortDone(token=2, process="p_b")),
                 ]
                 worker_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_worker, ours, theirs)]
                 main_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_main, ours, theirs)]
