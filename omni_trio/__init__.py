@@ -31,8 +31,10 @@ from omni_trio.errors import (
     RequestFailed,
     RequestQueueFull,
     RequestTimeout,
+    SessionClosed,
     StageProcessDied,
     StageStartupError,
+    StatsTimeout,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
@@ -93,6 +95,7 @@ __all__ = [
     "ServeConfig",
     "ServerAddress",
     "Session",
+    "SessionClosed",
     "SessionContext",
     "SessionScheduler",
     "SimpleScheduler",
@@ -102,6 +105,7 @@ __all__ = [
     "StageScheduler",
     "StageStartupError",
     "StageStats",
+    "StatsTimeout",
     "StreamDeliveryConfig",
     "StreamItem",
     "StreamMessage",

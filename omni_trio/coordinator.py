@@ -35,7 +35,7 @@ from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.sessions import Session, session_targets
-from omni_trio.stage.stage import StageStats
+from omni_trio.stage.stage import StageStats, describe_error
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
@@ -50,8 +50,8 @@ class StageDirectory(Protocol):
     async def abort(self, request_id: str) -> None:
         """Tell every stage to drop ``request_id``."""
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Every stage's counters."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Every stage's counters; :class:`~omni_trio.StatsTimeout` when a process does not answer in ``timeout`` s."""
 
     def health(self) -> dict[str, str]:
         """The state of each process that runs stages (see :class:`PipelineHealth`)."""
@@ -214,6 +214,15 @@ class Coordinator:
             )
         return chosen
 
+    async def _send_or_fail(self, live: _LiveRequest) -> None:
+        """Send the request's submits; a failure to send (a payload over ``slot_size_mb``, a tensor that
+        cannot travel) fails the request, traced as a failure, instead of surfacing as a bare error and
+        an abort "cancelled by its caller"."""
+        try:
+            await self._send_submit(live)
+        except Exception as exc:  # noqa: BLE001 - becomes the request's RequestFailed, its caller sees it
+            self.on_complete(live.request_id, "coordinator", error=f"sending the request: {describe_error(exc)}")
+
     async def _send_submit(self, live: _LiveRequest) -> None:
         if live.session is not None:
             for preempted in live.session.preempted_request_ids:
@@ -245,7 +254,7 @@ class Coordinator:
         """
         live = self._admit(request_id, inputs, params, metadata, streaming=False, deadline=deadline)
         try:
-            await self._send_submit(live)
+            await self._send_or_fail(live)
             await live.done.wait()
         finally:
             with trio.CancelScope(shield=True):
@@ -304,10 +313,14 @@ class Coordinator:
         """
         return Session(self, session_id, stages)
 
-    async def stats(self) -> PipelineStats:
-        """Counters of every stage and of the coordinator."""
+    async def stats(self, *, timeout: float | None = None) -> PipelineStats:
+        """Counters of every stage and of the coordinator.
+
+        Raises :class:`~omni_trio.StatsTimeout`, naming the processes, when a worker process does not
+        answer within ``timeout`` seconds (default 10).
+        """
         return PipelineStats(
-            stages=await self._directory.stats(),
+            stages=await self._directory.stats(timeout),
             live_requests=len(self._live),
             rejected_requests=self._rejected,
             down_replicas=() if self._replicas is None else self._replicas.down(),
@@ -460,7 +473,7 @@ class RequestStream:
             )
             self._live = live
             try:
-                await self._coordinator._send_submit(live)
+                await self._coordinator._send_or_fail(live)
             except BaseException:
                 await self.aclose()
                 raise

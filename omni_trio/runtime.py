@@ -159,8 +159,8 @@ class LocalDirectory:
         for stage in self._stages.values():
             stage.on_abort(request_id)
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Every stage's counters."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Every stage's counters (read at once: ``timeout`` has nothing to bound)."""
         return {name: stage.stats() for name, stage in self._stages.items()}
 
     def health(self) -> dict[str, str]:

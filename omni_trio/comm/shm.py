@@ -75,6 +75,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
+from omni_trio.errors import OmniTrioError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -119,7 +121,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}")
 _POOLED_RE = re.compile(r"-p[0-9]+\Z")
 
 
-class ShmError(Exception):
+class ShmError(OmniTrioError):
     """Base class of shared-memory relay errors."""
 
 

@@ -21,6 +21,7 @@ from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.endpoint import ABORT_TOPIC, COORDINATOR, Endpoint, chunk_list
+from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
 from omni_trio.stage.stage import StageStats
@@ -156,26 +157,33 @@ class ProcessDirectory:
         if replies is not None:
             replies.arrived(message.process)
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Counters of every stage in every process."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Counters of every stage in every process; :class:`StatsTimeout` names the processes that
+        did not answer within ``timeout`` seconds (default :data:`STATS_TIMEOUT_S`)."""
+        timeout = STATS_TIMEOUT_S if timeout is None else timeout
         result = {name: stage.stats() for name, stage in self._local.items()}
         token = next(self._tokens)
         replies = self._stats[token] = _Replies(self._live())
         try:
-            for process in sorted(replies.waiting):
-                await self._endpoint.send(process, m.StatsRequest(reply_to="main", token=token))
-            if replies.waiting:
-                with trio.fail_after(STATS_TIMEOUT_S):
+            with trio.move_on_after(timeout):
+                for process in sorted(replies.waiting):
+                    await self._endpoint.send(process, m.StatsRequest(reply_to="main", token=token))
+                if replies.waiting:
                     await replies.done.wait()
         finally:
             del self._stats[token]
+        if replies.waiting:
+            raise StatsTimeout(sorted(replies.waiting), timeout)
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
-        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
-        down = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
-        down.update(self._supervisor.restarting())
+        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing;
+        # a restarting one says so (it is not idle: it will serve again, and submits wait for it).
+        restarting = set(self._supervisor.restarting())
+        dead = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
         for name, process in self._endpoint.placement.items():
-            if process in down:
+            if process in restarting:
+                result[name] = StageStats(0, 0, 0, 0, 0, 0, healthy=False, restarting=True)
+            elif process in dead:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
 

@@ -48,6 +48,8 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.errors import OmniTrioError
+
 __all__ = [
     "MAX_IPC_PATH",
     "EndpointPathTooLong",
@@ -67,7 +69,7 @@ MAX_IPC_PATH = 99
 Frame = bytes | bytearray | memoryview | zmq.Frame
 
 
-class EndpointPathTooLong(ValueError):
+class EndpointPathTooLong(OmniTrioError, ValueError):
     """An ipc:// socket path does not fit a Unix socket address."""
 
 

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
@@ -249,3 +250,36 @@ class BatchingOptions:
         if self.request_cost_fn is None or msg.type != "new_request":
             return 0
         return max(int(self.request_cost_fn(msg.data)), 0)
+
+
+class RunningComputes:
+    """The requests whose user compute runs now, each with when it started (``time.monotonic()``).
+
+    Schedulers wrap each call of user code in :meth:`running`; the stage reads
+    :meth:`snapshot` (through the scheduler's ``running_computes()``) to tell a
+    compute that outlives its aborted request, which nobody waits for any more.
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def running(self, request_ids: Iterable[str]) -> Iterator[None]:
+        """Mark ``request_ids`` as computing while the block runs."""
+        ids = list(request_ids)
+        now = time.monotonic()
+        with self._lock:
+            for request_id in ids:
+                self._since[request_id] = now
+        try:
+            yield
+        finally:
+            with self._lock:
+                for request_id in ids:
+                    self._since.pop(request_id, None)
+
+    def snapshot(self) -> dict[str, float]:
+        """``request_id -> start time`` of every compute running now."""
+        with self._lock:
+            return dict(self._since)

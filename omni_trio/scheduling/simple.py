@@ -19,6 +19,7 @@ from omni_trio.scheduling._support import (
     WAKEUP,
     BatchingOptions,
     BatchWindow,
+    RunningComputes,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -107,6 +108,7 @@ class SimpleScheduler(BatchingOptions):
         self._shutdown_callback = shutdown_callback
         self._shutdown_lock = threading.Lock()
         self._aborted = SyncIdSet()
+        self._computes = RunningComputes()
         self._stopping = threading.Event()
         self._workers_lock = threading.Lock()
         self._live_workers = 0
@@ -160,6 +162,10 @@ class SimpleScheduler(BatchingOptions):
             self.inbox.put(msg)
         elif msg.type == "new_request" and not self._skip_before_compute(msg):
             self._run_one(msg, None)
+
+    def running_computes(self) -> dict[str, float]:
+        """``request_id -> time.monotonic()`` at which its compute started, for every compute running now."""
+        return self._computes.snapshot()
 
     def is_aborted(self, request_id: str) -> bool:
         """Whether ``request_id`` was aborted here.
@@ -260,7 +266,8 @@ class SimpleScheduler(BatchingOptions):
     def _run_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
         assert self.batch_compute_fn is not None
         try:
-            results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
+            with self._computes.running(msg.request_id for msg in batch):
+                results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
             if not isinstance(results, Sequence) or len(results) != len(batch):
                 count = len(results) if isinstance(results, Sequence) else type(results).__name__
                 raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
@@ -321,7 +328,8 @@ class SimpleScheduler(BatchingOptions):
     def _run_one(self, msg: IncomingMessage, loop: ThreadLoop | None) -> None:
         request_id = msg.request_id
         try:
-            result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)
+            with self._computes.running((request_id,)):
+                result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)
         except Exception as exc:
             if self.is_aborted(request_id):
                 return

@@ -30,6 +30,7 @@ from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session import SessionOperation
+from omni_trio.stage.abandoned import AbandonedComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
@@ -56,10 +57,16 @@ class StageStats:
     relay_buffers: int
     queued_inbox: int
     healthy: bool = True
+    #: The stage's process is being restarted: it holds nothing now, and will serve again.
+    restarting: bool = False
+    #: Computes still running for requests nobody waits for (aborted or failed more than
+    #: :data:`~omni_trio.stage.abandoned.STUCK_AFTER_S` ago): request id -> seconds since it was dropped.
+    stuck: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def idle(self) -> bool:
-        """True when nothing about any request is held."""
+        """True when nothing about any request is held, no compute runs for a dropped request,
+        and the stage is not being restarted."""
         return not (
             self.active_requests
             or self.pending_fan_in
@@ -67,6 +74,8 @@ class StageStats:
             or self.in_flight_sends
             or self.relay_buffers
             or self.queued_inbox
+            or self.stuck
+            or self.restarting
         )
 
 
@@ -123,6 +132,8 @@ class Stage:
         self._on_retire: Callable[[str], None] | None = None
         self._bindings: BindingTable | None = None
         self._unhealthy: str | None = None
+        self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
+        self._nursery: trio.Nursery | None = None
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
@@ -183,6 +194,7 @@ class Stage:
         source.start()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
@@ -190,6 +202,7 @@ class Stage:
                 await self._shutdown()
                 nursery.cancel_scope.cancel()
         finally:
+            self._nursery = None
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
@@ -217,7 +230,13 @@ class Stage:
         with trio.move_on_after(STOP_GRACE_S) as waited:
             await self._thread.finished.wait()
         if waited.cancelled_caught:
-            log.warning("scheduler_thread_still_running", stage=self.name, after_s=STOP_GRACE_S)
+            log.warning(
+                "scheduler_thread_still_running",
+                stage=self.name,
+                after_s=STOP_GRACE_S,
+                computing=self._abandoned.describe_running(),
+                note="left behind: it cannot be interrupted; its process exits without it",
+            )
         if waited.cancelled_caught and isinstance(self.scheduler.outbox, Outbox):
             # Blocked putting a stream message behind a drain that cannot send (a consumer gone)?
             self.scheduler.outbox.stop_blocking()
@@ -411,6 +430,7 @@ class Stage:
             self.scheduler.abort(request_id)
         except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling
             log.warning("scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
+        self._abandoned.dropped(request_id, self._nursery)
         if self._on_retire is not None:
             self._on_retire(request_id)
 
@@ -464,6 +484,7 @@ class Stage:
 
     def stats(self) -> StageStats:
         """This stage's counters."""
+        stuck = self._abandoned.stuck(self.aborted)
         return StageStats(
             active_requests=len(self.active),
             pending_fan_in=self._input.pending_count(),
@@ -471,7 +492,8 @@ class Stage:
             in_flight_sends=self._in_flight_sends,
             relay_buffers=self._relay_in_use(),
             queued_inbox=self._queued_work(),
-            healthy=self._unhealthy is None,
+            healthy=self._unhealthy is None and not stuck,
+            stuck=stuck,
         )
 
     # ------------------------------------------------------------------ outbox drain

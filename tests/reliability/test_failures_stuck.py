@@ -1,0 +1,57 @@
+"""A scheduler thread stuck in user code for a request nobody waits for any more (its deadline
+expired) is reported: ``stats()`` lists the stuck compute (stage, request, how long), the stage is
+neither idle nor healthy, a later request is visibly queued behind it, the stage logs it once, and
+the shutdown's wait for the thread is bounded (``STOP_GRACE_S``) and names the stage and request."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+import omni_trio as ot
+from omni_trio.stage.abandoned import STUCK_AFTER_S
+from omni_trio.stage.stage import STOP_GRACE_S
+from tests.process import helpers
+from tests.reliability.failure_stages import M
+
+
+async def test_a_compute_stuck_on_a_timed_out_request_is_reported_and_bounds_shutdown(
+    ipc_base: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = helpers.config(
+        ipc_base,
+        ot.StageConfig(name="stuck", factory_path=f"{M}.create_stuck", process="p_stuck", terminal=True),
+    )
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline:
+            with pytest.raises(ot.RequestTimeout):
+                await pipeline.submit("r0", "x", params={"stuck_s": 60}, deadline=0.2)
+            # A later request without a deadline queues behind the stuck compute.
+            async def later() -> None:
+                with pytest.raises(ot.RequestAborted):
+                    await pipeline.submit("r1", "y")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(later)
+                await trio.sleep(STUCK_AFTER_S + 0.3)
+                stats = await pipeline.stats()
+                stage = stats.stages["stuck"]
+                assert set(stage.stuck) == {"r0"}, stage
+                assert stage.stuck["r0"] >= STUCK_AFTER_S, stage
+                assert not stage.healthy and not stage.idle and not stats.idle, stage
+                assert stage.active_requests == 1 and stage.queued_inbox == 1, stage
+                assert await pipeline.abort("r1")
+            stats = await pipeline.stats()
+            assert set(stats.stages["stuck"].stuck) == {"r0"} and not stats.idle
+            closing = time.monotonic()
+    closed_in = time.monotonic() - closing
+    # Bounded by the stage's wait for its thread (plus the worker's own exit), far below the 60 s compute.
+    assert closed_in < STOP_GRACE_S + 4, closed_in
+    err = capfd.readouterr().err
+    assert "compute_stuck_after_abort" in err and "request_id=r0" in err and "stage=stuck" in err, err
+    (line,) = [line for line in err.splitlines() if "scheduler_thread_still_running" in line]
+    assert "stage=stuck" in line and "'r0'" in line, line
+    print(f"\nFIGURES stuck_compute: closed_in_s={closed_in:.2f} stop_grace_s={STOP_GRACE_S}")
