@@ -27,8 +27,12 @@ def create_loop():
     itself), on the event loop: its process's trio tasks are never all blocked while it runs."""
 
     def fn(payload: StagePayload) -> StagePayload:
-        data = payload.data
-        payload.data = {"hops": data.get("hops", 0) + 1 if isinstance(data, dict) else 1}
+        payload.data = {"hops": payload.data.get("hops", 0) + 1}
         return payload
 
     return SimpleScheduler(fn, inline=True)
+
+
+def route_loop(request_id: str, output: StagePayload) -> str:
+    """Back to the looping stage, forever (until the request is aborted)."""
+    return "loop"
