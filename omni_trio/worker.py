@@ -25,6 +25,7 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
 from omni_trio.control.links import RemoteCoordinatorLink
@@ -140,8 +141,14 @@ async def _start_stages(
         )
         await endpoint.send(request.reply_to, reply)
 
+    async def on_held(request: m.HeldRequest) -> None:
+        # Read in one go, like the counters: which requests this process holds when a peer died.
+        held = sorted({request_id for stage in stages.values() for request_id in stage.active})
+        await endpoint.send(MAIN_PROCESS, m.HeldReply(token=request.token, process=spec.process, request_ids=held))
+
     endpoint.on(m.Shutdown, on_shutdown)
     endpoint.on(m.StatsRequest, on_stats)
+    endpoint.on(m.HeldRequest, on_held)
     for stage in stages.values():
         await nursery.start(stage.run)
     return stages

@@ -38,6 +38,9 @@ log = get_logger(__name__)
 ABORT_ACK_TIMEOUT_S = 5.0
 #: How long stats() waits for every worker's reply.
 STATS_TIMEOUT_S = 10.0
+#: How long a worker's death waits to learn which requests the other workers hold (a request held
+#: by a worker that does not answer in time counts as lost with the dead one).
+HOLDERS_TIMEOUT_S = 0.5
 
 
 @attrs.define(eq=False)
@@ -65,11 +68,13 @@ class ProcessDirectory:
         self._bindings = bindings
         self._aborts: dict[str, _Replies] = {}
         self._stats: dict[int, _Replies] = {}
+        self._holding: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Submits waiting for a restarting process, by request id: an abort releases them.
         self._held: dict[str, trio.CancelScope] = {}
         endpoint.on(m.AbortDone, self._on_abort_done)
         endpoint.on(m.StatsReply, self._on_stats_reply)
+        endpoint.on(m.HeldReply, self._on_held_reply)
 
     def _live(self) -> set[str]:
         return {worker.name for worker in self._supervisor.live_workers()}
@@ -91,8 +96,35 @@ class ProcessDirectory:
 
     def forget(self, process: str) -> None:
         """A worker is gone: stop waiting for its replies."""
-        for replies in [*self._aborts.values(), *self._stats.values()]:
+        for replies in [*self._aborts.values(), *self._stats.values(), *self._holding.values()]:
             replies.arrived(process)
+
+    async def holders(self, timeout: float = HOLDERS_TIMEOUT_S) -> dict[str, str]:
+        """``request_id -> process`` for the requests a live process holds now (the caller's own stages,
+        then each live worker that answers within ``timeout``; the first holder found of each)."""
+        found = {request_id: MAIN_PROCESS for stage in self._local.values() for request_id in stage.active}
+        token = next(self._tokens)
+        replies = self._holding[token] = _Replies(self._live())
+        try:
+            with trio.move_on_after(timeout):
+                for process in sorted(replies.waiting):
+                    await self._endpoint.send(process, m.HeldRequest(token=token))
+                if replies.waiting:
+                    await replies.done.wait()
+        finally:
+            del self._holding[token]
+        if replies.waiting:
+            log.warning("holders_not_answered", processes=sorted(replies.waiting), timeout_s=timeout)
+        for request_id, process in sorted(replies.stages.items()):
+            found.setdefault(request_id, process)
+        return found
+
+    async def _on_held_reply(self, message: m.HeldReply) -> None:
+        replies = self._holding.get(message.token)
+        if replies is not None:
+            for request_id in message.request_ids:
+                replies.stages.setdefault(request_id, message.process)
+            replies.arrived(message.process)
 
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage, wherever it runs.

@@ -31,6 +31,8 @@ __all__ = [
     "CreditReturn",
     "DataAck",
     "DataReady",
+    "HeldReply",
+    "HeldRequest",
     "Ready",
     "Shutdown",
     "SlotRelease",
@@ -345,3 +347,21 @@ class StatsReply(ControlMessage):
     token: int = attrs.field(validator=_exact(int))
     stages: dict[str, Any] = attrs.field(validator=_exact(dict))
     process: str = attrs.field(default="", validator=_exact(str))
+
+
+@message("held_request")
+@attrs.frozen
+class HeldRequest(ControlMessage):
+    """Runner → worker (a worker died): send the main process a HeldReply with ``token``."""
+
+    token: int = attrs.field(validator=_exact(int))
+
+
+@message("held_reply")
+@attrs.frozen
+class HeldReply(ControlMessage):
+    """Worker → runner: the requests the stages of ``process`` hold now."""
+
+    token: int = attrs.field(validator=_exact(int))
+    process: str = attrs.field(validator=_nonempty_str)
+    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)

@@ -3,20 +3,37 @@ path, also inside worker processes."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from omni_trio import SimpleScheduler, StagePayload
-from tests.stages import append_tag
+from tests.stages import append_tag, blocking_until_aborted
 
 M = "tests.reliability.failure_stages"
 
 
+def _write_pid(path: str) -> None:
+    with open(f"{path}.tmp", "w", encoding="ascii") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(f"{path}.tmp", path)  # the test never sees a half-written file
+
+
+def create_holder():
+    """Writes its process id to ``params["pid_file"]``, then holds the request until it is aborted
+    (unless ``params["block"]`` is False); four requests at a time."""
+    return blocking_until_aborted("blocked", lambda payload: _write_pid(payload.request.params["pid_file"]), 4)
+
+
 def create_stuck():
     """Sleeps ``params["stuck_s"]`` seconds (default 0) and ignores aborts: user code that cannot be
-    interrupted, such as a long C call; then appends ``"stuck"``."""
+    interrupted, such as a long C call; then appends ``"stuck"``. With ``params["started_file"]`` it
+    first writes its process id there."""
 
     def fn(payload: StagePayload) -> StagePayload:
-        time.sleep(float(payload.request.params.get("stuck_s", 0)))
+        params = payload.request.params
+        if "started_file" in params:
+            _write_pid(params["started_file"])
+        time.sleep(float(params.get("stuck_s", 0)))
         return append_tag(payload, "stuck")
 
     return SimpleScheduler(fn)
