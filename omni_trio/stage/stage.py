@@ -13,9 +13,8 @@ aborts the request everywhere); the stage keeps serving.
 
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
-import queue
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,7 +31,9 @@ from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.stage.abandoned import AbandonedComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
+from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
+from omni_trio.stage.lanes import EdgeLanes, edge_count
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.replicas import BindingTable, replica_name
 from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
@@ -134,6 +135,8 @@ class Stage:
         self._unhealthy: str | None = None
         self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
         self._nursery: trio.Nursery | None = None
+        #: One send lane per destination, for a stage with more than one (see :mod:`.lanes`).
+        self._lanes: EdgeLanes | None = None
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
@@ -195,6 +198,8 @@ class Stage:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if edge_count(self.config) > 1:
+                    self._lanes = EdgeLanes(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
@@ -422,7 +427,8 @@ class Stage:
             return
         self.aborted.add(request_id)
         self._scopes.cancel(request_id)
-        self._purge_inbox(request_id)
+        # The scheduler skips aborted ids anyway; purged, it never even sees them.
+        purge_inbox(self.scheduler.inbox, request_id)
         if isinstance(self.scheduler.outbox, Outbox):
             # Unsent chunks go now, and a producer blocked putting one for this request is let go.
             self.scheduler.outbox.discard_streams(request_id)
@@ -433,35 +439,6 @@ class Stage:
         self._abandoned.dropped(request_id, self._nursery)
         if self._on_retire is not None:
             self._on_retire(request_id)
-
-    def _purge_inbox(self, request_id: str) -> None:
-        """Take a retired request's queued messages out of the scheduler's inbox.
-
-        Schedulers skip aborted ids anyway; purging means they never even see
-        them, and a retired request holds nothing in the stage afterwards.
-        """
-        inbox = self.scheduler.inbox
-        if isinstance(inbox, Inbox):
-            inbox.purge(request_id)  # runs the callbacks of tracked chunks (their credits go back)
-            return
-        if not isinstance(inbox, queue.Queue) or not isinstance(inbox.queue, collections.deque):
-            return  # not a FIFO queue.Queue: only the scheduler itself can drop the messages
-        with inbox.mutex:
-            kept = [message for message in inbox.queue if message.request_id != request_id]
-            removed = len(inbox.queue) - len(kept)
-            if removed:
-                inbox.queue.clear()
-                inbox.queue.extend(kept)
-                inbox.unfinished_tasks -= removed
-                inbox.not_full.notify_all()
-
-    def _queued_work(self) -> int:
-        """Inbox messages that are work (a scheduler's own ``abort`` notes are cleanup)."""
-        inbox = self.scheduler.inbox
-        if not isinstance(inbox, queue.Queue):
-            return int(inbox.qsize())
-        with inbox.mutex:
-            return sum(1 for message in inbox.queue if getattr(message, "type", None) != "abort")
 
     def clear_request_state(self, request_id: str) -> None:
         """Forget a request's per-stage state (after routing, failure or abort)."""
@@ -489,9 +466,9 @@ class Stage:
             active_requests=len(self.active),
             pending_fan_in=self._input.pending_count(),
             request_scopes=len(self._scopes),
-            in_flight_sends=self._in_flight_sends,
+            in_flight_sends=self._in_flight_sends + (0 if self._lanes is None else self._lanes.queued),
             relay_buffers=self._relay_in_use(),
-            queued_inbox=self._queued_work(),
+            queued_inbox=queued_work(self.scheduler.inbox),
             healthy=self._unhealthy is None and not stuck,
             stuck=stuck,
         )
@@ -520,7 +497,13 @@ class Stage:
                 await self._route_stream_run(run)
                 run = []
             if out.type == "wakeup":
+                if self._lanes is not None:
+                    await self._lanes.flush()
                 return True
+            if out.type == "result" and self._lanes is not None:
+                # Routed by its own task, each send on its lane: not in the drain's way.
+                await self._lanes.route(functools.partial(self._handle_outgoing, out))
+                continue
             await self._handle_outgoing(out)
         if run:
             await self._route_stream_run(run)
@@ -576,7 +559,33 @@ class Stage:
         for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
             if rid in self.active:
                 group = [out for out, _ in members]
-                await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
+                if self._lanes is None:
+                    await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
+                    continue
+                for target in targets or (_CALLER,):
+                    lane_targets = () if target == _CALLER else (target,)
+                    work = functools.partial(self._lane_send, rid, lane_targets, group)
+                    await self._lanes.send(target, len(group), work)
+
+    async def _lane_send(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
+        """One lane's turn: send the group unless the request was dropped while it waited."""
+        if request_id in self.active:
+            send = self._send_stream_group
+            await self._guarded(request_id, "sending a stream chunk", send, request_id, targets, group)
+
+    async def _on_edge(self, destination: str, request_id: str, send: Callable[[], Awaitable[None]]) -> None:
+        """Send a result's message to ``destination``: on its lane (after that edge's earlier sends)
+        when the stage has lanes, else at once. A request dropped meanwhile sends nothing more."""
+        if self._lanes is None:
+            await send()
+            return
+
+        async def in_turn() -> None:
+            if request_id not in self.aborted:
+                with self._scopes.open(request_id):
+                    await send()
+
+        await self._lanes.call(destination, in_turn)
 
     async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
@@ -639,6 +648,8 @@ class Stage:
                 # Sent after the request's state here is cleared and its scope closed:
                 # once the caller has the result, this stage holds nothing of it.
                 data = result.data if isinstance(result, StagePayload) else result
+                if self._lanes is not None:
+                    await self._lanes.reached(_CALLER)  # after the request's chunks to the caller
                 await self._coordinator.complete(request_id, self.name, result=data)
             delivered = True
         finally:
@@ -662,9 +673,12 @@ class Stage:
             await self._coordinator.complete(request_id, self.name, result=result.data)
 
     async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
-        for target in self._routing.stream_done_targets(request_id, result):
-            await self._counted(self._link(target).stream_signal(request_id, self.name))
+        done_targets = self._routing.stream_done_targets(request_id, result)
+        if self._lanes is None:
+            for target in done_targets:
+                await self._signal_done(target, request_id)
         keep_state = isinstance(result, RoutedPayloads) and result.keep_request_state
+        targets: list[str] = []
         if next_stages is None:
             if self._tracer.enabled:
                 self._tracer.event("stage_complete", request_id=request_id, stage=self.name, terminal=True)
@@ -678,12 +692,40 @@ class Stage:
                 # Routing to itself re-admits the request here: clear before, not after.
                 self.clear_request_state(request_id)
                 keep_state = True
-            single = len(targets) == 1
+        single = len(targets) == 1
+        if self._lanes is None:
             for target in targets:
                 await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
+        else:
+            payloads = {target: self._payload_for(result, target) for target in targets}
+            await self._send_on_lanes(request_id, done_targets, payloads, single=single)
         if not keep_state:
             self.clear_request_state(request_id)
         self._let_go(request_id)
+
+    async def _send_on_lanes(
+        self, request_id: str, done_targets: list[str], payloads: dict[str, StagePayload], *, single: bool
+    ) -> None:
+        """A result's sends, each destination's on its lane, all destinations at once: the signal that the
+        request's stream ended, then its payload (a slow destination holds up none of the others)."""
+
+        async def to(target: str) -> None:
+            if target in done_targets:
+                await self._signal_done(target, request_id)
+            if target in payloads:
+                await self._send_to_stage(request_id, target, payloads[target], single=single)
+
+        destinations = list(dict.fromkeys([*done_targets, *payloads]))
+        try:
+            async with trio.open_nursery() as nursery:
+                for target in destinations:
+                    nursery.start_soon(self._on_edge, target, request_id, functools.partial(to, target))
+        except BaseExceptionGroup as group:
+            # Every destination's error is the request's; the first one tells the caller what happened.
+            raise group.exceptions[0] from None
+
+    async def _signal_done(self, target: str, request_id: str) -> None:
+        await self._counted(self._link(target).stream_signal(request_id, self.name))
 
     @staticmethod
     def _payload_for(result: Any, target: str) -> StagePayload:
@@ -705,6 +747,10 @@ class Stage:
             single or is_isolated_projection(payload, projected, has_projector=projector is not None)
         )
         await self._counted(link.payload(request_id, self.name, projected, share=share))
+
+
+#: The lane of the caller (a terminal stage's chunks and completion); no stage has this name.
+_CALLER = ""
 
 
 def _modality(out: OutgoingMessage) -> str | None:
