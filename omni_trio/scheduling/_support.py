@@ -16,7 +16,6 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
@@ -255,31 +254,27 @@ class BatchingOptions:
 class RunningComputes:
     """The requests whose user compute runs now, each with when it started (``time.monotonic()``).
 
-    Schedulers wrap each call of user code in :meth:`running`; the stage reads
-    :meth:`snapshot` (through the scheduler's ``running_computes()``) to tell a
-    compute that outlives its aborted request, which nobody waits for any more.
+    Schedulers call :meth:`start` and :meth:`finish` around each call of user
+    code; the stage reads :meth:`snapshot` (through the scheduler's
+    ``running_computes()``) to tell a compute that outlives its aborted request,
+    which nobody waits for any more. No lock: a dict's item assignment, ``pop``
+    and ``copy`` are each atomic under the GIL, and this costs a compute ~0.3 µs.
     """
 
     def __init__(self) -> None:
         self._since: dict[str, float] = {}
-        self._lock = threading.Lock()
 
-    @contextmanager
-    def running(self, request_ids: Iterable[str]) -> Iterator[None]:
-        """Mark ``request_ids`` as computing while the block runs."""
-        ids = list(request_ids)
+    def start(self, request_ids: Iterable[str]) -> None:
+        """``request_ids`` start computing."""
         now = time.monotonic()
-        with self._lock:
-            for request_id in ids:
-                self._since[request_id] = now
-        try:
-            yield
-        finally:
-            with self._lock:
-                for request_id in ids:
-                    self._since.pop(request_id, None)
+        for request_id in request_ids:
+            self._since[request_id] = now
+
+    def finish(self, request_ids: Iterable[str]) -> None:
+        """``request_ids`` finished computing (however it ended)."""
+        for request_id in request_ids:
+            self._since.pop(request_id, None)
 
     def snapshot(self) -> dict[str, float]:
         """``request_id -> start time`` of every compute running now."""
-        with self._lock:
-            return dict(self._since)
+        return self._since.copy()

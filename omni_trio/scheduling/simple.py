@@ -266,8 +266,12 @@ class SimpleScheduler(BatchingOptions):
     def _run_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
         assert self.batch_compute_fn is not None
         try:
-            with self._computes.running(msg.request_id for msg in batch):
+            ids = [msg.request_id for msg in batch]
+            self._computes.start(ids)
+            try:
                 results = call_sync_or_async(self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
+            finally:
+                self._computes.finish(ids)
             if not isinstance(results, Sequence) or len(results) != len(batch):
                 count = len(results) if isinstance(results, Sequence) else type(results).__name__
                 raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
@@ -328,8 +332,11 @@ class SimpleScheduler(BatchingOptions):
     def _run_one(self, msg: IncomingMessage, loop: ThreadLoop | None) -> None:
         request_id = msg.request_id
         try:
-            with self._computes.running((request_id,)):
+            self._computes.start((request_id,))
+            try:
                 result = call_sync_or_async(self.compute_fn, msg.data, loop=loop)
+            finally:
+                self._computes.finish((request_id,))
         except Exception as exc:
             if self.is_aborted(request_id):
                 return

@@ -33,7 +33,7 @@ class AbandonedComputes:
     def __init__(self, stage: str, running: Callable[[], dict[str, float]] | None) -> None:
         self._stage = stage
         self._running = running
-        #: request id -> when it was dropped (time.monotonic()), only while its compute runs.
+        #: request id -> when it was dropped (``trio.current_time()``), only while its compute runs.
         self._dropped: dict[str, float] = {}
 
     def running(self) -> dict[str, float]:
@@ -44,7 +44,7 @@ class AbandonedComputes:
         """``request_id`` was dropped here: if its compute still runs, watch it (one timer, no poll)."""
         if self._running is None or request_id not in self._running():
             return
-        self._dropped[request_id] = time.monotonic()
+        self._dropped[request_id] = trio.current_time()
         if nursery is not None:
             nursery.start_soon(self._warn_if_still_running, request_id)
 
@@ -64,7 +64,7 @@ class AbandonedComputes:
         """``request_id -> seconds since it was dropped`` for computes running past :data:`STUCK_AFTER_S`
         (``dropped_ids``: the stage's retired requests, for a compute that started after its drop)."""
         running = self.running()
-        now = time.monotonic()
+        now = trio.current_time()
         for request_id in list(self._dropped):
             if request_id not in running:
                 del self._dropped[request_id]

@@ -31,9 +31,9 @@ from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.stage.abandoned import AbandonedComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
+from omni_trio.stage.edges import EdgeQueues, edge_count
 from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
-from omni_trio.stage.lanes import EdgeLanes, edge_count
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.replicas import BindingTable, replica_name
 from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
@@ -135,8 +135,8 @@ class Stage:
         self._unhealthy: str | None = None
         self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
         self._nursery: trio.Nursery | None = None
-        #: One send lane per destination, for a stage with more than one (see :mod:`.lanes`).
-        self._lanes: EdgeLanes | None = None
+        #: One send lane per destination, for a stage with more than one (see :mod:`.edges`).
+        self._edges: EdgeQueues | None = None
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
@@ -199,7 +199,7 @@ class Stage:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if edge_count(self.config) > 1:
-                    self._lanes = EdgeLanes(nursery)
+                    self._edges = EdgeQueues(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
@@ -466,7 +466,7 @@ class Stage:
             active_requests=len(self.active),
             pending_fan_in=self._input.pending_count(),
             request_scopes=len(self._scopes),
-            in_flight_sends=self._in_flight_sends + (0 if self._lanes is None else self._lanes.queued),
+            in_flight_sends=self._in_flight_sends + (0 if self._edges is None else self._edges.queued),
             relay_buffers=self._relay_in_use(),
             queued_inbox=queued_work(self.scheduler.inbox),
             healthy=self._unhealthy is None and not stuck,
@@ -497,12 +497,12 @@ class Stage:
                 await self._route_stream_run(run)
                 run = []
             if out.type == "wakeup":
-                if self._lanes is not None:
-                    await self._lanes.flush()
+                if self._edges is not None:
+                    await self._edges.flush()
                 return True
-            if out.type == "result" and self._lanes is not None:
+            if out.type == "result" and self._edges is not None:
                 # Routed by its own task, each send on its lane: not in the drain's way.
-                await self._lanes.route(functools.partial(self._handle_outgoing, out))
+                await self._edges.route(functools.partial(self._handle_outgoing, out))
                 continue
             await self._handle_outgoing(out)
         if run:
@@ -559,13 +559,13 @@ class Stage:
         for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
             if rid in self.active:
                 group = [out for out, _ in members]
-                if self._lanes is None:
+                if self._edges is None:
                     await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
                     continue
                 for target in targets or (_CALLER,):
                     lane_targets = () if target == _CALLER else (target,)
                     work = functools.partial(self._lane_send, rid, lane_targets, group)
-                    await self._lanes.send(target, len(group), work)
+                    await self._edges.send(target, len(group), work)
 
     async def _lane_send(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         """One lane's turn: send the group unless the request was dropped while it waited."""
@@ -576,7 +576,7 @@ class Stage:
     async def _on_edge(self, destination: str, request_id: str, send: Callable[[], Awaitable[None]]) -> None:
         """Send a result's message to ``destination``: on its lane (after that edge's earlier sends)
         when the stage has lanes, else at once. A request dropped meanwhile sends nothing more."""
-        if self._lanes is None:
+        if self._edges is None:
             await send()
             return
 
@@ -585,7 +585,7 @@ class Stage:
                 with self._scopes.open(request_id):
                     await send()
 
-        await self._lanes.call(destination, in_turn)
+        await self._edges.call(destination, in_turn)
 
     async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
@@ -648,8 +648,8 @@ class Stage:
                 # Sent after the request's state here is cleared and its scope closed:
                 # once the caller has the result, this stage holds nothing of it.
                 data = result.data if isinstance(result, StagePayload) else result
-                if self._lanes is not None:
-                    await self._lanes.reached(_CALLER)  # after the request's chunks to the caller
+                if self._edges is not None:
+                    await self._edges.reached(_CALLER)  # after the request's chunks to the caller
                 await self._coordinator.complete(request_id, self.name, result=data)
             delivered = True
         finally:
@@ -674,7 +674,7 @@ class Stage:
 
     async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
         done_targets = self._routing.stream_done_targets(request_id, result)
-        if self._lanes is None:
+        if self._edges is None:
             for target in done_targets:
                 await self._signal_done(target, request_id)
         keep_state = isinstance(result, RoutedPayloads) and result.keep_request_state
@@ -693,7 +693,7 @@ class Stage:
                 self.clear_request_state(request_id)
                 keep_state = True
         single = len(targets) == 1
-        if self._lanes is None:
+        if self._edges is None:
             for target in targets:
                 await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
         else:

@@ -14,8 +14,10 @@ import trio
 import omni_trio as ot
 from omni_trio.stage.abandoned import STUCK_AFTER_S
 from omni_trio.stage.stage import STOP_GRACE_S
+from tests.core.test_abort import autojump
 from tests.process import helpers
 from tests.reliability.failure_stages import M
+from tests.stages import gate
 
 
 async def test_a_compute_stuck_on_a_timed_out_request_is_reported_and_bounds_shutdown(
@@ -55,3 +57,30 @@ async def test_a_compute_stuck_on_a_timed_out_request_is_reported_and_bounds_shu
     (line,) = [line for line in err.splitlines() if "scheduler_thread_still_running" in line]
     assert "stage=stuck" in line and "'r0'" in line, line
     print(f"\nFIGURES stuck_compute: closed_in_s={closed_in:.2f} stop_grace_s={STOP_GRACE_S}")
+
+
+async def test_the_stuck_window_in_virtual_time(mock_clock: trio.testing.MockClock) -> None:
+    """Embedded, on trio's clock: the compute is not stuck before ``STUCK_AFTER_S``, stuck after it,
+    and forgotten once it ends (the gate of ``tests.stages.create_gated`` ignores aborts)."""
+    config = ot.PipelineConfig(stages=[ot.StageConfig(name="gated", factory_path="tests.stages.create_gated",
+                                                      factory={"name": "stuck-window"}, terminal=True)])
+    started, release = gate("stuck-window")
+    started.clear()
+    release.clear()
+    try:
+        async with ot.open_pipeline(config) as pipeline:
+            with autojump(mock_clock), trio.fail_after(300):
+                with pytest.raises(ot.RequestTimeout):
+                    await pipeline.submit("r0", "x", deadline=10)
+                assert started.is_set()
+                stage = (await pipeline.stats()).stages["gated"]
+                assert stage.stuck == {} and stage.healthy and stage.idle, stage  # just dropped: not stuck yet
+                await trio.sleep(STUCK_AFTER_S)
+                stage = (await pipeline.stats()).stages["gated"]
+                assert set(stage.stuck) == {"r0"} and not stage.healthy and not stage.idle, stage
+                release.set()
+                # The serial scheduler runs r1 once r0's compute has returned.
+                assert await pipeline.submit("r1", "y") == {"trail": ["y", "stuck-window"]}
+                assert (await pipeline.stats()).idle
+    finally:
+        release.set()

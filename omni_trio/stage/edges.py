@@ -55,7 +55,7 @@ class _Lane:
     room: trio.Event = attrs.field(factory=trio.Event)
 
 
-class EdgeLanes:
+class EdgeQueues:
     """The lanes of one stage, run as tasks of ``nursery`` (see the module docstring)."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
