@@ -102,6 +102,17 @@ class EdgeQueues:
         await finished.wait()
         result[0].unwrap()
 
+    async def fan_out(self, sends: dict[str, Work]) -> None:
+        """Run each ``sends[destination]`` on its destination's lane, all at once; raise the first
+        error (a cancellation only when there is no other)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for destination, work in sends.items():
+                    nursery.start_soon(self.call, destination, work)
+        except BaseExceptionGroup as group:
+            errors = [error for error in group.exceptions if not isinstance(error, trio.Cancelled)]
+            raise (errors or list(group.exceptions))[0] from None
+
     async def reached(self, destination: str) -> None:
         """Return once ``destination``'s lane sent everything queued on it so far."""
         if destination in self._lanes:

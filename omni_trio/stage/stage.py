@@ -575,17 +575,21 @@ class Stage:
 
     async def _on_edge(self, destination: str, request_id: str, send: Callable[[], Awaitable[None]]) -> None:
         """Send a result's message to ``destination``: on its lane (after that edge's earlier sends)
-        when the stage has lanes, else at once. A request dropped meanwhile sends nothing more."""
+        when the stage has lanes, else at once."""
         if self._edges is None:
             await send()
-            return
+        else:
+            await self._edges.call(destination, self._in_turn(request_id, send))
+
+    def _in_turn(self, request_id: str, send: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``send`` as a lane runs it: in the request's scope, and not at all once the request was dropped."""
 
         async def in_turn() -> None:
             if request_id not in self.aborted:
                 with self._scopes.open(request_id):
                     await send()
 
-        await self._edges.call(destination, in_turn)
+        return in_turn
 
     async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
@@ -665,11 +669,13 @@ class Stage:
         if following is not None:
             # The next owner has the append since admission: it only needs to hear the stream ended.
             with self._scopes.open(request_id):
-                await self._counted(self._link(following).stream_signal(request_id, self.name))
+                await self._on_edge(following, request_id, functools.partial(self._signal_done, following, request_id))
             self.clear_request_state(request_id)
             return
         self.clear_request_state(request_id)
         if request_id not in self.aborted:
+            if self._edges is not None:
+                await self._edges.reached(_CALLER)  # after the request's chunks to the caller
             await self._coordinator.complete(request_id, self.name, result=result.data)
 
     async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
@@ -715,14 +721,10 @@ class Stage:
             if target in payloads:
                 await self._send_to_stage(request_id, target, payloads[target], single=single)
 
-        destinations = list(dict.fromkeys([*done_targets, *payloads]))
-        try:
-            async with trio.open_nursery() as nursery:
-                for target in destinations:
-                    nursery.start_soon(self._on_edge, target, request_id, functools.partial(to, target))
-        except BaseExceptionGroup as group:
-            # Every destination's error is the request's; the first one tells the caller what happened.
-            raise group.exceptions[0] from None
+        assert self._edges is not None
+        targets = [*done_targets, *payloads]
+        sends = {target: self._in_turn(request_id, functools.partial(to, target)) for target in targets}
+        await self._edges.fan_out(sends)
 
     async def _signal_done(self, target: str, request_id: str) -> None:
         await self._counted(self._link(target).stream_signal(request_id, self.name))

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import trio
+import trio.testing
 
 import omni_trio as ot
+from omni_trio.stage.edges import LANE_CHUNKS, EdgeQueues
 from tests.placement import stage
 from tests.process import helpers
 
@@ -53,3 +55,42 @@ async def test_a_stalled_consumer_does_not_stall_the_other_edge(ipc_base: Path) 
     # All 24 MiB reached fast while slow was still stalled on its first chunk (each consumer's first
     # chunk may also wait for its process to import torch: the two are compared, not timed from 0).
     assert done["slow"] - done["fast"] >= STALL_S - 1.0, done
+
+
+async def test_edge_queues_keep_each_lane_in_order_and_bounded() -> None:
+    """The lanes themselves: a blocked lane holds up neither another lane nor a result routed on it;
+    each lane keeps its order; a full lane makes the next send wait for room."""
+    sent: dict[str, list[int]] = {"slow": [], "fast": []}
+    unblock = trio.Event()
+
+    def sender(lane: str, i: int):
+        async def send() -> None:
+            if lane == "slow" and i == 0:
+                await unblock.wait()
+            sent[lane].append(i)
+
+        return send
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            edges = EdgeQueues(nursery)
+            for i in range(LANE_CHUNKS):
+                await edges.send("slow", 1, sender("slow", i))
+                await edges.send("fast", 1, sender("fast", i))
+            await edges.reached("fast")  # a barrier on the fast lane returns while slow is blocked
+            assert sent == {"slow": [], "fast": list(range(LANE_CHUNKS))}
+            assert edges.queued == LANE_CHUNKS
+            refused_room = trio.Event()
+
+            async def one_more() -> None:
+                await edges.send("slow", 1, sender("slow", LANE_CHUNKS))
+                refused_room.set()
+
+            nursery.start_soon(one_more)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not refused_room.is_set()  # the slow lane is full: the send waits
+            unblock.set()
+            await refused_room.wait()
+            await edges.flush()
+            assert sent["slow"] == list(range(LANE_CHUNKS + 1)) and edges.queued == 0
+            nursery.cancel_scope.cancel()
