@@ -326,6 +326,10 @@ class Coordinator:
             down_replicas=() if self._replicas is None else self._replicas.down(),
         )
 
+    def live_request_ids(self) -> set[str]:
+        """The ids of the requests live now (admitted, not resolved)."""
+        return set(self._live)
+
     def health(self) -> PipelineHealth:
         """Whether every stage process is alive and ready; a closed pipeline has none ready."""
         processes = self._directory.health()

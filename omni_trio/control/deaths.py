@@ -55,8 +55,9 @@ class WorkerDeaths:
 
         return error_for
 
-    async def _fail(self, worker: Worker, *, bound_only: bool = False) -> list[str]:
-        """Fail every live request (``bound_only``: those bound to the dead replica); return their ids."""
+    async def _fail(self, worker: Worker, only: set[str] | None) -> list[str]:
+        """Fail the requests ``only`` (taken at the death, before anything is awaited: one admitted
+        meanwhile waits for the restart), or every live one; return their ids."""
         error_for = await self._errors(worker)
         failed: list[str] = []
 
@@ -64,7 +65,6 @@ class WorkerDeaths:
             failed.append(request_id)
             return error_for(request_id)
 
-        only = set(self._replicas.bound_to(worker.name)) if bound_only else None
         self._coordinator.fail_all(counted, abort_everywhere=True, only=only)
         return sorted(failed)
 
@@ -72,9 +72,9 @@ class WorkerDeaths:
         """A worker died for good: fail its requests; the pipeline ends unless a replica group lives on."""
         if self._replicas.survivable(worker.name):
             self._replicas.mark(worker.name, "dead")
-            await self._fail(worker, bound_only=True)
+            await self._fail(worker, set(self._replicas.bound_to(worker.name)))
             return
-        await self._fail(worker)
+        await self._fail(worker, None)  # the pipeline ends: every request fails with the death
         self._on_fatal(StageProcessDied(None, worker.name, worker.pid, worker.returncode))
 
     async def on_lost(self, worker: Worker) -> list[str]:
@@ -82,5 +82,5 @@ class WorkerDeaths:
         (the restarted process drops messages for them)."""
         if self._replicas.is_replica(worker.name):
             self._replicas.mark(worker.name, "restarting")
-            return await self._fail(worker, bound_only=True)
-        return await self._fail(worker)
+            return await self._fail(worker, set(self._replicas.bound_to(worker.name)))
+        return await self._fail(worker, self._coordinator.live_request_ids())
