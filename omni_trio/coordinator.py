@@ -97,6 +97,11 @@ class PipelineStats:
         """True when no request is held anywhere."""
         return self.live_requests == 0 and all(stage.idle for stage in self.stages.values())
 
+    @property
+    def stuck(self) -> dict[str, dict[str, float]]:
+        """Stages with computes still running for requests nobody waits for: stage -> its ``StageStats.stuck``."""
+        return {name: stage.stuck for name, stage in sorted(self.stages.items()) if stage.stuck}
+
 
 _END_OF_STREAM = object()
 

@@ -44,6 +44,7 @@ async def test_a_compute_stuck_on_a_timed_out_request_is_reported_and_bounds_shu
                 assert set(stage.stuck) == {"r0"}, stage
                 assert stage.stuck["r0"] >= STUCK_AFTER_S, stage
                 assert not stage.healthy and not stage.idle and not stats.idle, stage
+                assert stats.stuck == {"stuck": stage.stuck}
                 assert stage.active_requests == 1 and stage.queued_inbox == 1, stage
                 assert await pipeline.abort("r1")
             stats = await pipeline.stats()
