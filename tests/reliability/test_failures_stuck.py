@@ -5,8 +5,10 @@ the shutdown's wait for the thread is bounded (``STOP_GRACE_S``) and names the s
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -85,3 +87,34 @@ async def test_the_stuck_window_in_virtual_time(mock_clock: trio.testing.MockClo
                 assert (await pipeline.stats()).idle
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("make", [ot.SimpleScheduler, ot.StreamingSimpleScheduler, ot.ThreadedSimpleScheduler])
+def test_every_built_in_scheduler_reports_its_running_computes(make: Any) -> None:
+    """``running_computes()``: the request whose compute runs now, with when it started; empty after."""
+    entered, release = threading.Event(), threading.Event()
+
+    def compute(payload: ot.StagePayload) -> ot.StagePayload:
+        entered.set()
+        release.wait(10)
+        return payload
+
+    scheduler = make(compute)
+    serving = threading.Thread(target=scheduler.start, daemon=True)
+    serving.start()
+    try:
+        payload = ot.StagePayload("r0", ot.OmniRequest("x"), {"raw_inputs": "x"})
+        before = time.monotonic()
+        scheduler.inbox.put(ot.IncomingMessage("r0", "new_request", payload))
+        assert entered.wait(10)
+        running = scheduler.running_computes()
+        assert list(running) == ["r0"] and before <= running["r0"] <= time.monotonic(), running
+        release.set()
+        assert scheduler.outbox.get(timeout=10).type == "result"
+        scheduler.stop()
+        serving.join(10)  # the serving thread is done: whatever it ran has finished
+        assert scheduler.running_computes() == {}
+    finally:
+        release.set()
+        scheduler.stop()
+        serving.join(10)
