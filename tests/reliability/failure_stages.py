@@ -7,7 +7,7 @@ import os
 import time
 
 from omni_trio import SimpleScheduler, StagePayload
-from tests.stages import append_tag, blocking_until_aborted
+from tests.stages import append_tag, blocking_until_aborted, create_slow_checksum
 
 M = "tests.reliability.failure_stages"
 
@@ -53,3 +53,11 @@ def create_loop():
 def route_loop(request_id: str, output: StagePayload) -> str:
     """Back to the looping stage, forever (until the request is aborted)."""
     return "loop"
+
+
+def create_warm_checksum(sleep_s: float = 0.0, first_sleep_s: float = 0.0):
+    """``tests.stages.create_slow_checksum`` with torch imported at start-up, so that the first chunk
+    of each consumer does not also wait for the import (seconds on a loaded machine)."""
+    import torch  # noqa: F401 - the import is the point
+
+    return create_slow_checksum(sleep_s, first_sleep_s)
