@@ -33,8 +33,10 @@ from omni_trio.errors import (
     RequestFailed,
     RequestQueueFull,
     RequestTimeout,
+    SessionClosed,
     StageProcessDied,
     StageStartupError,
+    StatsTimeout,
     Terminated,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
@@ -99,6 +101,7 @@ __all__ = [
     "ServeConfig",
     "ServerAddress",
     "Session",
+    "SessionClosed",
     "SessionContext",
     "SessionScheduler",
     "SimpleScheduler",
@@ -108,6 +111,7 @@ __all__ = [
     "StageScheduler",
     "StageStartupError",
     "StageStats",
+    "StatsTimeout",
     "StreamDeliveryConfig",
     "StreamItem",
     "StreamMessage",

@@ -38,7 +38,7 @@ from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.replicas import logical_name
-from omni_trio.stage.stage import StageStats
+from omni_trio.stage.stage import StageStats, describe_error
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
@@ -54,8 +54,8 @@ class StageDirectory(Protocol):
         """Start telling every stage to drop ``request_id`` (at once: nothing waits in a task before
         the abort is on its way); await the result to wait until every stage did."""
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Every stage's counters."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Every stage's counters; :class:`~omni_trio.StatsTimeout` when a process does not answer in ``timeout`` s."""
 
     def sent_bytes(self) -> dict[str, dict[str, int]]:
         """Tensor bytes the coordinator sent (submitted inputs): ``{entry stage: {transport: bytes}}``."""
@@ -135,6 +135,10 @@ class PipelineStats:
                     key = (logical_name(address), logical_name(receiver), transport)
                     edges[key] = edges.get(key, 0) + nbytes
         return edges
+
+    def stuck(self) -> dict[str, dict[str, float]]:
+        """Stages with computes still running for requests nobody waits for: stage -> its ``StageStats.stuck``."""
+        return {name: stage.stuck for name, stage in sorted(self.stages.items()) if stage.stuck}
 
 
 _END_OF_STREAM = object()
@@ -253,6 +257,15 @@ class Coordinator:
             )
         return chosen
 
+    async def _send_or_fail(self, live: _LiveRequest) -> None:
+        """Send the request's submits; a failure to send (a payload over ``slot_size_mb``, a tensor that
+        cannot travel) fails the request, traced as a failure, instead of surfacing as a bare error and
+        an abort "cancelled by its caller"."""
+        try:
+            await self._send_submit(live)
+        except Exception as exc:  # noqa: BLE001 - becomes the request's RequestFailed, its caller sees it
+            self.on_complete(live.request_id, "coordinator", error=f"sending the request: {describe_error(exc)}")
+
     async def _send_submit(self, live: _LiveRequest) -> None:
         if live.session is not None:
             for preempted in live.session.preempted_request_ids:
@@ -284,7 +297,7 @@ class Coordinator:
         """
         live = self._admit(request_id, inputs, params, metadata, streaming=False, deadline=deadline)
         try:
-            await self._send_submit(live)
+            await self._send_or_fail(live)
             await live.done.wait()
         finally:
             with trio.CancelScope(shield=True):
@@ -346,18 +359,26 @@ class Coordinator:
         """
         return Session(self, session_id, stages)
 
-    async def stats(self) -> PipelineStats:
-        """Counters of every stage and of the coordinator."""
+    async def stats(self, *, timeout: float | None = None) -> PipelineStats:
+        """Counters of every stage and of the coordinator.
+
+        Raises :class:`~omni_trio.StatsTimeout`, naming the processes, when a worker process does not
+        answer within ``timeout`` seconds (default 10).
+        """
         # The replicas that are down when the stages are asked, not after: a restart may end meanwhile.
         down_replicas = () if self._replicas is None else self._replicas.down()
         return PipelineStats(
-            stages=await self._directory.stats(),
+            stages=await self._directory.stats(timeout),
             live_requests=len(self._live),
             rejected_requests=self._rejected,
             down_replicas=down_replicas,
             refused_frames=self._directory.refused_frames(),
             sent_bytes=self._directory.sent_bytes(),
         )
+
+    def live_request_ids(self) -> set[str]:
+        """The ids of the requests live now (admitted, not resolved)."""
+        return set(self._live)
 
     def health(self) -> PipelineHealth:
         """Whether every stage process is alive and ready; a closed pipeline has none ready."""
@@ -527,7 +548,7 @@ class RequestStream:
             self._live = live
             self._token = trio.lowlevel.current_trio_token()
             try:
-                await self._coordinator._send_submit(live)
+                await self._coordinator._send_or_fail(live)
             except BaseException:
                 await self.aclose()
                 raise

@@ -78,17 +78,38 @@ class RequestTimeout(RequestError):
 class StageProcessDied(RequestError):
     """A stage process exited unexpectedly.
 
-    Raised by every request the process held (``request_id`` set), and by
-    ``open_pipeline`` itself when the pipeline shuts down because of it
-    (``request_id`` None).
+    Raised by every request the process held (``request_id`` set, ``held_by``
+    None: "lost"), by every other live request, aborted at once in the process
+    that held it (``held_by`` names that process), and by ``open_pipeline``
+    itself when the pipeline shuts down because of it (``request_id`` None).
     """
 
-    def __init__(self, request_id: str | None, process: str, pid: int | None, returncode: int | None) -> None:
+    def __init__(
+        self,
+        request_id: str | None,
+        process: str,
+        pid: int | None,
+        returncode: int | None,
+        *,
+        held_by: str | None = None,
+    ) -> None:
         self.process = process
         self.pid = pid
         self.returncode = returncode
+        #: None when the request was in the dead process (or on its way to or from it); otherwise the
+        #: live process that held it, where it was aborted because it may still need ``process``.
+        self.held_by = held_by
         what = f"stage process {process!r} (pid {pid}) {describe_exit(returncode)}"
-        super().__init__(request_id or "", what if request_id is None else f"request {request_id!r} lost: {what}")
+        if request_id is None:
+            message = what
+        elif held_by is None:
+            message = f"request {request_id!r} lost: {what}"
+        else:
+            message = (
+                f"request {request_id!r} aborted in process {held_by!r}: it may still need {what}, "
+                "and the pipeline does not know whether it had reached it"
+            )
+        super().__init__(request_id or "", message)
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -155,6 +176,20 @@ class MessageTooLarge(OmniTrioError, ValueError):
 
 class PipelineClosed(OmniTrioError):
     """The pipeline is closed or has failed; it accepts no more requests."""
+
+
+class StatsTimeout(OmniTrioError):
+    """``stats()`` got no answer from some worker processes in time; ``processes`` names them
+    (a process that is alive but does not run its event loop: stopped, or a stage holding the GIL)."""
+
+    def __init__(self, processes: list[str], timeout: float) -> None:
+        self.processes = list(processes)
+        self.timeout = timeout
+        super().__init__(f"stats: process(es) {self.processes} did not answer within {timeout:g} s")
+
+
+class SessionClosed(OmniTrioError, RuntimeError):
+    """A session was used after it closed (also a ``RuntimeError``, as it was before)."""
 
 
 class Terminated(SystemExit):

@@ -28,6 +28,7 @@ from omni_trio.comm.shm import remove_segments
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.auth import FrameMac, new_secret
+from omni_trio.control.deaths import WorkerDeaths
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
@@ -181,8 +182,8 @@ class LocalDirectory:
             stage.on_abort(request_id)
         return trio.lowlevel.checkpoint()
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Every stage's counters."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Every stage's counters (read at once: ``timeout`` has nothing to bound)."""
         return {name: stage.stats() for name, stage in self._stages.items()}
 
     def sent_bytes(self) -> dict[str, dict[str, int]]:
@@ -321,43 +322,15 @@ async def _in_processes(
             bindings = BindingTable(config)
             replicas = ReplicaDispatcher(config, bindings)
 
-            def fail_bound(worker: Worker) -> list[str]:
-                # Only the requests bound to a dead replica were in it: they fail, and are
-                # aborted everywhere else; the other replicas serve on.
-                failed = sorted(replicas.bound_to(worker.name))
-                coordinator.fail_all(
-                    lambda rid: StageProcessDied(rid, worker.name, worker.pid, worker.returncode),
-                    abort_everywhere=True,
-                    only=set(failed),
-                )
-                directory.forget(worker.name)
-                return failed
-
-            def on_death(worker: Worker) -> None:
-                if replicas.survivable(worker.name):
-                    replicas.mark(worker.name, "dead")
-                    fail_bound(worker)
-                    return
-                coordinator.fail_all(lambda rid: StageProcessDied(rid, worker.name, worker.pid, worker.returncode))
-                directory.forget(worker.name)
-                died.append(StageProcessDied(None, worker.name, worker.pid, worker.returncode))
+            def fatal(error: StageProcessDied) -> None:
+                died.append(error)
                 nursery.cancel_scope.cancel()
 
-            def on_lost(worker: Worker) -> list[str]:
-                # The worker will be restarted: fail what is live (any of it may have
-                # been in the dead process), but keep the pipeline running.
-                if replicas.is_replica(worker.name):
-                    replicas.mark(worker.name, "restarting")
-                    return fail_bound(worker)
-                failed: list[str] = []
+            async def on_death(worker: Worker) -> None:
+                await deaths.on_death(worker)
 
-                def error_for(request_id: str) -> StageProcessDied:
-                    failed.append(request_id)
-                    return StageProcessDied(request_id, worker.name, worker.pid, worker.returncode)
-
-                coordinator.fail_all(error_for, abort_everywhere=True)
-                directory.forget(worker.name)
-                return failed
+            async def on_lost(worker: Worker) -> list[str]:
+                return await deaths.on_lost(worker)
 
             supervisor = Supervisor(
                 config,
@@ -373,6 +346,7 @@ async def _in_processes(
             )
             directory = ProcessDirectory(local, endpoint, supervisor, bindings)
             coordinator = Coordinator(config, directory, tracer, nursery, replicas)
+            deaths = WorkerDeaths(coordinator, directory, replicas, fatal)
             serve_coordinator(coordinator, endpoint)
             try:
                 await supervisor.spawn(nursery)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from omni_trio.errors import SessionClosed
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import SESSION_METADATA_KEY
 from omni_trio.scheduling.session import SessionOperation
@@ -110,7 +111,7 @@ class Session:
         which raises :class:`~omni_trio.RequestAborted` here; the session stays open.
         """
         if self._closed:
-            raise RuntimeError(f"session {self.session_id!r} is closed")
+            raise SessionClosed(f"session {self.session_id!r} is closed")
         rid = request_id or self.request_id("append")
         result = None
         async with self._pipeline.stream(rid, chunk, metadata=self._metadata("append")) as events:

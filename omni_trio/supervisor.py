@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 import attrs
@@ -97,11 +97,12 @@ def startup_traceback_path(ipc_dir: Path, process: str) -> Path:
 class Supervisor:
     """Starts, watches and stops the worker processes of one pipeline.
 
-    ``on_death(worker)`` is called when a worker that was ready dies and is not
+    ``on_death(worker)`` is awaited when a worker that was ready dies and is not
     (or no longer) restarted: the pipeline must end (unless the worker was a
-    replica whose group lives on). ``on_lost(worker)`` is called instead when
-    it will be restarted; it fails what the worker may have held and returns
-    those request ids, which the new process then drops. ``on_restarted(worker)``
+    replica whose group lives on). ``on_lost(worker)`` is awaited instead when
+    it will be restarted (the process counts as restarting meanwhile); it fails
+    what the worker may have held and returns those request ids, which the new
+    process then drops. ``on_restarted(worker)``
     is called when a restarted worker is ready.
     """
 
@@ -114,8 +115,8 @@ class Supervisor:
         run_prefix: str,
         trace_path: Path | None,
         endpoint: Endpoint,
-        on_death: Callable[[Worker], None],
-        on_lost: Callable[[Worker], list[str]] | None = None,
+        on_death: Callable[[Worker], Awaitable[None]],
+        on_lost: Callable[[Worker], Awaitable[list[str]]] | None = None,
         on_restarted: Callable[[Worker], None] | None = None,
         start_timeout: float = 120.0,
         launcher: Launcher | None = None,
@@ -235,11 +236,13 @@ class Supervisor:
         if worker.name in self._restarting:
             return  # died as soon as it was ready: the restart in progress counts it as a failed attempt
         if self._restarts[worker.name] >= self._policy[worker.name] or self._on_lost is None:
-            self._on_death(worker)
+            await self._on_death(worker)
             return
-        retired = self._on_lost(worker)
+        # Restarting from now on: a submit that needs the process waits, while on_lost learns
+        # from the other processes what the dead one may have held.
         done = self._restarting[worker.name] = trio.Event()
         try:
+            retired = await self._on_lost(worker)
             await self._restart(worker, retired)
         finally:
             if self._restarting.get(worker.name) is done:
@@ -288,7 +291,7 @@ class Supervisor:
                 log.error("stage_process_restart_failed", process=name, attempt=attempt, error=worker.failure)
                 dead = worker
             if not self._stopping:
-                self._on_death(dead)
+                await self._on_death(dead)
 
     async def stop(self) -> None:
         """Stop every worker: Shutdown, then terminate, then kill; all in parallel."""

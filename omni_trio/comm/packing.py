@@ -41,6 +41,7 @@ import attrs
 import torch
 
 from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
+from omni_trio.errors import OmniTrioError
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -66,7 +67,7 @@ SUPPORTED_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
 )
 
 
-class UnsupportedTensor(TypeError):
+class UnsupportedTensor(OmniTrioError, TypeError):
     """A tensor that cannot be sent through the data plane (sender-side check)."""
 
 
@@ -74,7 +75,7 @@ class UnsupportedDtype(UnsupportedTensor):
     """A tensor's dtype is not in :data:`SUPPORTED_DTYPES`."""
 
 
-class LayoutError(ValueError):
+class LayoutError(OmniTrioError, ValueError):
     """A packed layout does not fit its buffer or is inconsistent.
 
     Raised on the receiving side (bad or hostile metadata); the stage turns it

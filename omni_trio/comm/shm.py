@@ -81,6 +81,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
+from omni_trio.errors import OmniTrioError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -132,7 +134,7 @@ _CREATION = threading.Lock()
 Identity = tuple[int, int]
 
 
-class ShmError(Exception):
+class ShmError(OmniTrioError):
     """Base class of shared-memory relay errors."""
 
 

@@ -25,6 +25,7 @@ from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.aborts import AbortDelivery, Delivery
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
+from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
 from omni_trio.stage.stage import StageStats
@@ -41,6 +42,9 @@ log = get_logger(__name__)
 ABORT_ACK_TIMEOUT_S = 5.0
 #: How long stats() waits for every worker's reply.
 STATS_TIMEOUT_S = 10.0
+#: How long a worker's death waits to learn which requests the other workers hold (a request held
+#: by a worker that does not answer in time counts as lost with the dead one).
+HOLDERS_TIMEOUT_S = 0.5
 
 
 @attrs.define(eq=False)
@@ -68,6 +72,7 @@ class ProcessDirectory:
         self._bindings = bindings
         self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
         self._stats: dict[int, _Replies] = {}
+        self._holding: dict[int, _Replies] = {}
         self._tokens = itertools.count()
         #: Each worker's refused frames, as of its last stats reply.
         self._refused: dict[str, int] = {}
@@ -75,6 +80,7 @@ class ProcessDirectory:
         self._held: dict[str, trio.CancelScope] = {}
         endpoint.on(m.AbortDone, self._on_abort_done)
         endpoint.on(m.StatsReply, self._on_stats_reply)
+        endpoint.on(m.HeldReply, self._on_held_reply)
 
     def _live(self) -> set[str]:
         return {worker.name for worker in self._supervisor.live_workers()}
@@ -97,8 +103,35 @@ class ProcessDirectory:
     def forget(self, process: str) -> None:
         """A worker is gone: stop waiting for its replies."""
         self._aborts.forget(process)
-        for replies in self._stats.values():
+        for replies in [*self._stats.values(), *self._holding.values()]:
             replies.arrived(process)
+
+    async def holders(self, timeout: float = HOLDERS_TIMEOUT_S) -> dict[str, str]:
+        """``request_id -> process`` for the requests a live process holds now (the caller's own stages,
+        then each live worker that answers within ``timeout``; the first holder found of each)."""
+        found = {request_id: MAIN_PROCESS for stage in self._local.values() for request_id in stage.active}
+        token = next(self._tokens)
+        replies = self._holding[token] = _Replies(self._live())
+        try:
+            with trio.move_on_after(timeout):
+                for process in sorted(replies.waiting):
+                    await self._endpoint.send(process, m.HeldRequest(token=token))
+                if replies.waiting:
+                    await replies.done.wait()
+        finally:
+            del self._holding[token]
+        if replies.waiting:
+            log.warning("holders_not_answered", processes=sorted(replies.waiting), timeout_s=timeout)
+        for request_id, process in sorted(replies.stages.items()):
+            found.setdefault(request_id, process)
+        return found
+
+    async def _on_held_reply(self, message: m.HeldReply) -> None:
+        replies = self._holding.get(message.token)
+        if replies is not None:
+            for request_id in message.request_ids:
+                replies.stages.setdefault(request_id, message.process)
+            replies.arrived(message.process)
 
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Hand a new request to the entry stage, wherever it runs.
@@ -165,8 +198,10 @@ class ProcessDirectory:
     async def _on_abort_done(self, message: m.AbortDone) -> None:
         self._aborts.on_done(message)
 
-    async def stats(self) -> dict[str, StageStats]:
-        """Counters of every stage in every process."""
+    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
+        """Counters of every stage in every process; :class:`StatsTimeout` names the processes that
+        did not answer within ``timeout`` seconds (default :data:`STATS_TIMEOUT_S`)."""
+        timeout = STATS_TIMEOUT_S if timeout is None else timeout
         result = {name: stage.stats() for name, stage in self._local.items()}
         # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
         # Taken with the live set, at one moment: a process that becomes ready while we wait for
@@ -176,17 +211,25 @@ class ProcessDirectory:
         token = next(self._tokens)
         replies = self._stats[token] = _Replies(self._live())
         try:
-            for process in sorted(replies.waiting):
-                await self._endpoint.send(process, m.StatsRequest(reply_to="main", token=token))
-            if replies.waiting:
-                with trio.fail_after(STATS_TIMEOUT_S):
+            with trio.move_on_after(timeout):
+                for process in sorted(replies.waiting):
+                    await self._endpoint.send(process, m.StatsRequest(reply_to="main", token=token))
+                if replies.waiting:
                     await replies.done.wait()
         finally:
             del self._stats[token]
+        if replies.waiting:
+            raise StatsTimeout(sorted(replies.waiting), timeout)
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
+        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing;
+        # a restarting one says so (it is not idle: it will serve again, and submits wait for it).
+        restarting = set(self._supervisor.restarting())
+        dead = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
         for name, process in self._endpoint.placement.items():
-            if process in down:
+            if process in restarting:
+                result[name] = StageStats(0, 0, 0, 0, 0, 0, healthy=False, restarting=True)
+            elif process in dead:
                 result.setdefault(name, StageStats(0, 0, 0, 0, 0, 0, healthy=False))
         return result
 

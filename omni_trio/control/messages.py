@@ -33,7 +33,9 @@ __all__ = [
     "CreditReturn",
     "DataAck",
     "DataReady",
+    "HeldReply",
     "HeldReport",
+    "HeldRequest",
     "Ready",
     "Shutdown",
     "SlotRelease",
@@ -378,3 +380,21 @@ class StatsReply(ControlMessage):
     stages: dict[str, Any] = attrs.field(validator=_exact(dict))
     process: str = attrs.field(default="", validator=_exact(str))
     refused_frames: int = attrs.field(default=0, validator=_nonneg_int)
+
+
+@message("held_request")
+@attrs.frozen
+class HeldRequest(ControlMessage):
+    """Runner → worker (a worker died): send the main process a HeldReply with ``token``."""
+
+    token: int = attrs.field(validator=_exact(int))
+
+
+@message("held_reply")
+@attrs.frozen
+class HeldReply(ControlMessage):
+    """Worker → runner: the requests the stages of ``process`` hold now."""
+
+    token: int = attrs.field(validator=_exact(int))
+    process: str = attrs.field(validator=_process_name)
+    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)

@@ -58,7 +58,7 @@ import trio
 import zmq
 
 from omni_trio.control.auth import Authenticator, Frame
-from omni_trio.errors import MessageTooLarge
+from omni_trio.errors import MessageTooLarge, OmniTrioError
 
 __all__ = [
     "MAX_IPC_PATH",
@@ -80,7 +80,7 @@ MAX_IPC_PATH = 99
 IpcPath = str | os.PathLike[str]
 
 
-class EndpointPathTooLong(ValueError):
+class EndpointPathTooLong(OmniTrioError, ValueError):
     """An ipc:// socket path does not fit a Unix socket address."""
 
 

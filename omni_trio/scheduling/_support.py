@@ -249,3 +249,32 @@ class BatchingOptions:
         if self.request_cost_fn is None or msg.type != "new_request":
             return 0
         return max(int(self.request_cost_fn(msg.data)), 0)
+
+
+class RunningComputes:
+    """The requests whose user compute runs now, each with when it started (``time.monotonic()``).
+
+    Schedulers call :meth:`start` and :meth:`finish` around each call of user
+    code; the stage reads :meth:`snapshot` (through the scheduler's
+    ``running_computes()``) to tell a compute that outlives its aborted request,
+    which nobody waits for any more. No lock: a dict's item assignment, ``pop``
+    and ``copy`` are each atomic under the GIL, and this costs a compute ~0.3 µs.
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def start(self, request_ids: Iterable[str]) -> None:
+        """``request_ids`` start computing."""
+        now = time.monotonic()
+        for request_id in request_ids:
+            self._since[request_id] = now
+
+    def finish(self, request_ids: Iterable[str]) -> None:
+        """``request_ids`` finished computing (however it ended)."""
+        for request_id in request_ids:
+            self._since.pop(request_id, None)
+
+    def snapshot(self) -> dict[str, float]:
+        """``request_id -> start time`` of every compute running now."""
+        return self._since.copy()

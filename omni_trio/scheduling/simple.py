@@ -20,6 +20,7 @@ from omni_trio.scheduling._support import (
     WAKEUP,
     BatchingOptions,
     BatchWindow,
+    RunningComputes,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -109,6 +110,7 @@ class SimpleScheduler(BatchingOptions):
         self._shutdown_callback = shutdown_callback
         self._shutdown_lock = threading.Lock()
         self._aborted = SyncIdSet()
+        self._computes = RunningComputes()
         self._stopping = threading.Event()
         self._workers_lock = threading.Lock()
         self._live_workers = 0
@@ -164,6 +166,10 @@ class SimpleScheduler(BatchingOptions):
             self.inbox.put(msg)
         elif msg.type == "new_request" and not self._skip_before_compute(msg):
             self._run_one(msg, None)
+
+    def running_computes(self) -> dict[str, float]:
+        """``request_id -> time.monotonic()`` at which its compute started, for every compute running now."""
+        return self._computes.snapshot()
 
     def is_aborted(self, request_id: str) -> bool:
         """Whether ``request_id`` was aborted here.
@@ -264,7 +270,13 @@ class SimpleScheduler(BatchingOptions):
     def _run_batch(self, batch: list[IncomingMessage], loop: ThreadLoop) -> None:
         assert self.batch_compute_fn is not None
         try:
-            results = self.busy.call(call_sync_or_async, self.batch_compute_fn, [msg.data for msg in batch], loop=loop)
+            ids = [msg.request_id for msg in batch]
+            self._computes.start(ids)
+            try:
+                payloads = [msg.data for msg in batch]
+                results = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop)
+            finally:
+                self._computes.finish(ids)
             if not isinstance(results, Sequence) or len(results) != len(batch):
                 count = len(results) if isinstance(results, Sequence) else type(results).__name__
                 raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
@@ -328,7 +340,11 @@ class SimpleScheduler(BatchingOptions):
     def _run_one(self, msg: IncomingMessage, loop: ThreadLoop | None) -> None:
         request_id = msg.request_id
         try:
-            result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop)
+            self._computes.start((request_id,))
+            try:
+                result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop)
+            finally:
+                self._computes.finish((request_id,))
         except Exception as exc:
             if self.is_aborted(request_id):
                 return

@@ -23,6 +23,7 @@ from omni_trio.scheduling._support import (
     WAKEUP,
     BatchingOptions,
     BatchWindow,
+    RunningComputes,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -98,6 +99,7 @@ class StreamingSimpleScheduler(BatchingOptions):
         #: back into :meth:`complete_stream_request`.
         self.state_lock = threading.RLock()
         self.aborted_request_ids = SyncIdSet()
+        self._computes = RunningComputes()
         #: Requests that finished here; a late ``stream_done`` or chunk for
         #: them is ignored instead of creating state nobody will clear.
         self.completed_request_ids = SyncIdSet()
@@ -246,17 +248,27 @@ class StreamingSimpleScheduler(BatchingOptions):
 
     def handle_message(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
         """Handle one message from the inbox (exceptions fail its request)."""
-        if msg.type == "new_request":
-            self.handle_new_request(msg, loop)
-        elif msg.type == "stream_chunk":
-            if self.can_batch_stream_chunks:
-                self.handle_stream_chunk_batch(self.collect_stream_chunk_batch(msg))
+        ids = (msg.request_id,)
+        self._computes.start(ids)
+        try:
+            if msg.type == "new_request":
+                self.handle_new_request(msg, loop)
+            elif msg.type == "stream_chunk":
+                if self.can_batch_stream_chunks:
+                    self.handle_stream_chunk_batch(self.collect_stream_chunk_batch(msg))
+                else:
+                    self.handle_stream_chunk(msg.request_id, msg.data)
+            elif msg.type == "stream_done":
+                self.handle_stream_done(msg.request_id)
             else:
-                self.handle_stream_chunk(msg.request_id, msg.data)
-        elif msg.type == "stream_done":
-            self.handle_stream_done(msg.request_id)
-        else:
-            raise ValueError(f"unsupported streaming scheduler message type: {msg.type!r}")
+                raise ValueError(f"unsupported streaming scheduler message type: {msg.type!r}")
+        finally:
+            self._computes.finish(ids)
+
+    def running_computes(self) -> dict[str, float]:
+        """``request_id -> time.monotonic()`` at which the message being handled for it was taken up
+        (user hooks run while it is handled), for every request being handled now."""
+        return self._computes.snapshot()
 
     def _absorb_abort(self, msg: IncomingMessage) -> bool:
         """Handle an ``abort`` note that :meth:`abort` queued from the stage's thread.

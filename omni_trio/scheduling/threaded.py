@@ -19,6 +19,7 @@ from typing import Any
 
 from omni_trio.scheduling._support import (
     WAKEUP,
+    RunningComputes,
     SyncIdSet,
     ThreadLoop,
     call_logged,
@@ -79,6 +80,7 @@ class ThreadedSimpleScheduler:
         # synchronously inside a locked section.
         self._cond = threading.Condition()
         self._pending: dict[str, Future[Any]] = {}
+        self._computes = RunningComputes()
         self._queued: set[str] = set()
         self._claiming: set[str] = set()
         self._tombstones: set[str] = set()
@@ -166,7 +168,7 @@ class ThreadedSimpleScheduler:
             self._claiming.add(request_id)
         # Claim outside the lock: dispatch_fn is user code and abort() must stay quick.
         try:
-            future = self._submit(msg.data)
+            future = self._submit(msg.data, request_id)
         except Exception as exc:
             with self._cond:
                 self._claiming.discard(request_id)
@@ -191,21 +193,28 @@ class ThreadedSimpleScheduler:
         else:
             future.add_done_callback(functools.partial(self._finish, request_id))
 
-    def _submit(self, payload: Any) -> Future[Any]:
+    def _submit(self, payload: Any, request_id: str) -> Future[Any]:
         if self.dispatch_fn is not None:
             return self.dispatch_fn(payload)
         assert self._executor is not None
         # In a copy of the scheduler thread's context: ot.empty finds the stage's pool there.
-        return self._executor.submit(contextvars.copy_context().run, self._run_one, payload)
+        return self._executor.submit(contextvars.copy_context().run, self._run_one, payload, request_id)
 
-    def _run_one(self, payload: Any) -> Any:
+    def running_computes(self) -> dict[str, float]:
+        """``request_id -> time.monotonic()`` at which its compute started, for every ``compute_fn``
+        running now on the pool (a ``dispatch_fn``'s work is its own)."""
+        return self._computes.snapshot()
+
+    def _run_one(self, payload: Any, request_id: str) -> Any:
         # Pool threads come and go, so each call gets (and closes) its own loop
         # instead of leaving one open per thread.
         loop = ThreadLoop()
+        self._computes.start((request_id,))
         try:
             assert self.compute_fn is not None
             return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop)
         finally:
+            self._computes.finish((request_id,))
             loop.close()
 
     def _finish(self, request_id: str, future: Future[Any]) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from omni_trio.errors import OmniTrioError
 from omni_trio.payload import StagePayload
 
 
-class FanInError(ValueError):
+class FanInError(OmniTrioError, ValueError):
     """A fan-in input or hook answer the stage cannot use.
 
     A ``ValueError``, as the reference's fan-in raises, so its catch sites port.

@@ -13,9 +13,8 @@ aborts the request everywhere); the stage keeps serving.
 
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
-import queue
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -33,7 +32,10 @@ from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session import SessionOperation
+from omni_trio.stage.abandoned import AbandonedComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
+from omni_trio.stage.edges import EdgeQueues, edge_count
+from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.replicas import BindingTable, replica_name
@@ -73,10 +75,16 @@ class StageStats:
     #: Tensor bytes sent, ``{receiver: {transport: bytes}}``; the receiver is a stage, a replica's
     #: address (``voc@r1``) or ``"coordinator"`` (the caller); transports as in the trace.
     sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False, metadata={CUMULATIVE: True})
+    #: The stage's process is being restarted: it holds nothing now, and will serve again.
+    restarting: bool = False
+    #: Computes still running for requests nobody waits for (aborted or failed more than
+    #: :data:`~omni_trio.stage.abandoned.STUCK_AFTER_S` ago): request id -> seconds since it was dropped.
+    stuck: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def idle(self) -> bool:
-        """True when nothing about any request is held."""
+        """True when nothing about any request is held, no compute runs for a dropped request,
+        and the stage is not being restarted."""
         return not (
             self.active_requests
             or self.pending_fan_in
@@ -84,6 +92,8 @@ class StageStats:
             or self.in_flight_sends
             or self.relay_buffers
             or self.queued_inbox
+            or self.stuck
+            or self.restarting
         )
 
 
@@ -143,6 +153,10 @@ class Stage:
         self._on_retire: Callable[[str], None] | None = None
         self._bindings: BindingTable | None = None
         self._unhealthy: str | None = None
+        self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
+        self._nursery: trio.Nursery | None = None
+        #: One send lane per destination, for a stage with more than one (see :mod:`.edges`).
+        self._edges: EdgeQueues | None = None
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
@@ -210,6 +224,9 @@ class Stage:
         source.start()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if edge_count(self.config) > 1:
+                    self._edges = EdgeQueues(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
@@ -217,6 +234,7 @@ class Stage:
                 await self._shutdown()
                 nursery.cancel_scope.cancel()
         finally:
+            self._nursery = None
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
@@ -244,7 +262,13 @@ class Stage:
         with trio.move_on_after(STOP_GRACE_S) as waited:
             await self._thread.finished.wait()
         if waited.cancelled_caught:
-            log.warning("scheduler_thread_still_running", stage=self.name, after_s=STOP_GRACE_S)
+            log.warning(
+                "scheduler_thread_still_running",
+                stage=self.name,
+                after_s=STOP_GRACE_S,
+                computing=self._abandoned.describe_running(),
+                note="left behind: it cannot be interrupted; its process exits without it",
+            )
         if waited.cancelled_caught and isinstance(self.scheduler.outbox, Outbox):
             # Blocked putting a stream message behind a drain that cannot send (a consumer gone)?
             self.scheduler.outbox.stop_blocking()
@@ -437,7 +461,8 @@ class Stage:
             self._scopes.cancel(request_id)
         if fresh:
             # Before the scheduler's abort hook: a scheduler may queue its own abort note.
-            self._purge_inbox(fresh)
+            # The scheduler skips aborted ids anyway; purged, it never even sees them.
+            purge_inbox(self.scheduler.inbox, fresh)
         for request_id in fresh:
             if isinstance(self.scheduler.outbox, Outbox):
                 # Unsent chunks go now, and a producer blocked putting one for this request is let go.
@@ -448,38 +473,9 @@ class Stage:
                 log.warning(
                     "scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc)
                 )
+            self._abandoned.dropped(request_id, self._nursery)
             if self._on_retire is not None:
                 self._on_retire(request_id)
-
-    def _purge_inbox(self, request_ids: list[str]) -> None:
-        """Take a retired request's queued messages out of the scheduler's inbox.
-
-        Schedulers skip aborted ids anyway; purging means they never even see
-        them, and a retired request holds nothing in the stage afterwards.
-        """
-        inbox = self.scheduler.inbox
-        if isinstance(inbox, Inbox):
-            inbox.purge(*request_ids)  # runs the callbacks of tracked chunks (their credits go back)
-            return
-        if not isinstance(inbox, queue.Queue) or not isinstance(inbox.queue, collections.deque):
-            return  # not a FIFO queue.Queue: only the scheduler itself can drop the messages
-        dropped = set(request_ids)
-        with inbox.mutex:
-            kept = [message for message in inbox.queue if message.request_id not in dropped]
-            removed = len(inbox.queue) - len(kept)
-            if removed:
-                inbox.queue.clear()
-                inbox.queue.extend(kept)
-                inbox.unfinished_tasks -= removed
-                inbox.not_full.notify_all()
-
-    def _queued_work(self) -> int:
-        """Inbox messages that are work (a scheduler's own ``abort`` notes are cleanup)."""
-        inbox = self.scheduler.inbox
-        if not isinstance(inbox, queue.Queue):
-            return int(inbox.qsize())
-        with inbox.mutex:
-            return sum(1 for message in inbox.queue if getattr(message, "type", None) != "abort")
 
     def clear_request_state(self, request_id: str) -> None:
         """Forget a request's per-stage state (after routing, failure or abort)."""
@@ -502,16 +498,18 @@ class Stage:
 
     def stats(self) -> StageStats:
         """This stage's counters."""
+        stuck = self._abandoned.stuck(self.aborted)
         return StageStats(
             active_requests=len(self.active),
             pending_fan_in=self._input.pending_count(),
             request_scopes=len(self._scopes),
-            in_flight_sends=self._in_flight_sends,
+            in_flight_sends=self._in_flight_sends + (0 if self._edges is None else self._edges.queued),
             relay_buffers=self._relay_in_use(),
-            queued_inbox=self._queued_work(),
-            healthy=self._unhealthy is None,
+            queued_inbox=queued_work(self.scheduler.inbox),
+            healthy=self._unhealthy is None and not stuck,
             busy_seconds=0.0 if self._busy is None else self._busy.seconds,
             sent_bytes={} if self._transports is None else self._transports.sent_bytes(),
+            stuck=stuck,
         )
 
     # ------------------------------------------------------------------ outbox drain
@@ -539,7 +537,13 @@ class Stage:
                 await self._route_stream_run(run)
                 run = []
             if out.type == "wakeup":
+                if self._edges is not None:
+                    await self._edges.flush()
                 return True
+            if out.type == "result" and self._edges is not None:
+                # Routed by its own task, each send on its lane: not in the drain's way.
+                await self._edges.route(functools.partial(self._handle_outgoing, out))
+                continue
             await self._handle_outgoing(out)
         if run:
             await self._route_stream_run(run)
@@ -595,7 +599,37 @@ class Stage:
         for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
             if rid in self.active:
                 group = [out for out, _ in members]
-                await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
+                if self._edges is None:
+                    await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
+                    continue
+                for target in targets or (_CALLER,):
+                    lane_targets = () if target == _CALLER else (target,)
+                    work = functools.partial(self._lane_send, rid, lane_targets, group)
+                    await self._edges.send(target, len(group), work)
+
+    async def _lane_send(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
+        """One lane's turn: send the group unless the request was dropped while it waited."""
+        if request_id in self.active:
+            send = self._send_stream_group
+            await self._guarded(request_id, "sending a stream chunk", send, request_id, targets, group)
+
+    async def _on_edge(self, destination: str, request_id: str, send: Callable[[], Awaitable[None]]) -> None:
+        """Send a result's message to ``destination``: on its lane (after that edge's earlier sends)
+        when the stage has lanes, else at once."""
+        if self._edges is None:
+            await send()
+        else:
+            await self._edges.call(destination, self._in_turn(request_id, send))
+
+    def _in_turn(self, request_id: str, send: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``send`` as a lane runs it: in the request's scope, and not at all once the request was dropped."""
+
+        async def in_turn() -> None:
+            if request_id not in self.aborted:
+                with self._scopes.open(request_id):
+                    await send()
+
+        return in_turn
 
     async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         if not targets:
@@ -658,6 +692,8 @@ class Stage:
                 # Sent after the request's state here is cleared and its scope closed:
                 # once the caller has the result, this stage holds nothing of it.
                 data = result.data if isinstance(result, StagePayload) else result
+                if self._edges is not None:
+                    await self._edges.reached(_CALLER)  # after the request's chunks to the caller
                 await self._coordinator.complete(request_id, self.name, result=data)
             delivered = True
         finally:
@@ -673,17 +709,22 @@ class Stage:
         if following is not None:
             # The next owner has the append since admission: it only needs to hear the stream ended.
             with self._scopes.open(request_id):
-                await self._counted(self._link(following).stream_signal(request_id, self.name))
+                await self._on_edge(following, request_id, functools.partial(self._signal_done, following, request_id))
             self.clear_request_state(request_id)
             return
         self.clear_request_state(request_id)
         if request_id not in self.aborted:
+            if self._edges is not None:
+                await self._edges.reached(_CALLER)  # after the request's chunks to the caller
             await self._coordinator.complete(request_id, self.name, result=result.data)
 
     async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
-        for target in self._routing.stream_done_targets(request_id, result):
-            await self._counted(self._link(target).stream_signal(request_id, self.name))
+        done_targets = self._routing.stream_done_targets(request_id, result)
+        if self._edges is None:
+            for target in done_targets:
+                await self._signal_done(target, request_id)
         keep_state = isinstance(result, RoutedPayloads) and result.keep_request_state
+        targets: list[str] = []
         if next_stages is None:
             if self._tracer.enabled:
                 self._tracer.event("stage_complete", request_id=request_id, stage=self.name, terminal=True)
@@ -697,12 +738,36 @@ class Stage:
                 # Routing to itself re-admits the request here: clear before, not after.
                 self.clear_request_state(request_id)
                 keep_state = True
-            single = len(targets) == 1
+        single = len(targets) == 1
+        if self._edges is None:
             for target in targets:
                 await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
+        else:
+            payloads = {target: self._payload_for(result, target) for target in targets}
+            await self._send_on_lanes(request_id, done_targets, payloads, single=single)
         if not keep_state:
             self.clear_request_state(request_id)
         self._let_go(request_id)
+
+    async def _send_on_lanes(
+        self, request_id: str, done_targets: list[str], payloads: dict[str, StagePayload], *, single: bool
+    ) -> None:
+        """A result's sends, each destination's on its lane, all destinations at once: the signal that the
+        request's stream ended, then its payload (a slow destination holds up none of the others)."""
+
+        async def to(target: str) -> None:
+            if target in done_targets:
+                await self._signal_done(target, request_id)
+            if target in payloads:
+                await self._send_to_stage(request_id, target, payloads[target], single=single)
+
+        assert self._edges is not None
+        targets = [*done_targets, *payloads]
+        sends = {target: self._in_turn(request_id, functools.partial(to, target)) for target in targets}
+        await self._edges.fan_out(sends)
+
+    async def _signal_done(self, target: str, request_id: str) -> None:
+        await self._counted(self._link(target).stream_signal(request_id, self.name))
 
     @staticmethod
     def _payload_for(result: Any, target: str) -> StagePayload:
@@ -724,6 +789,10 @@ class Stage:
             single or is_isolated_projection(payload, projected, has_projector=projector is not None)
         )
         await self._counted(link.payload(request_id, self.name, projected, share=share))
+
+
+#: The lane of the caller (a terminal stage's chunks and completion); no stage has this name.
+_CALLER = ""
 
 
 def _modality(out: OutgoingMessage) -> str | None:
