@@ -136,6 +136,7 @@ class PipelineStats:
                     edges[key] = edges.get(key, 0) + nbytes
         return edges
 
+    @property
     def stuck(self) -> dict[str, dict[str, float]]:
         """Stages with computes still running for requests nobody waits for: stage -> its ``StageStats.stuck``."""
         return {name: stage.stuck for name, stage in sorted(self.stages.items()) if stage.stuck}

@@ -264,12 +264,14 @@ async def test_kept_and_unsent_tensors_in_processes(ipc_base: Path) -> None:
                 # The kept tensor's slot is never handed out again while the source holds it.
                 assert out["src_mapped"] != kept["src_mapped"] and out["kept_sum"] == 3.0 * NUMEL, out
                 assert out["sum"] == 5.0 * NUMEL
-            # A tensor dropped without being sent gives its slot back: every one reuses the same slot.
+            # A tensor dropped without being sent gives its slot back: they take turns in the slots that
+            # are free (the first may find the last sent slot not yet released by the sink), never a
+            # new slot per request.
             unsent = [
                 (await pipeline.submit(f"d{i}", "x", params={"numel": NUMEL, "drop_only": True}))["src_mapped"]
                 for i in range(4)
             ]
-            assert len(set(unsent)) == 1 and is_pooled_slot(unsent[0]), unsent
+            assert len(set(unsent)) <= 2 and all(is_pooled_slot(name) for name in unsent), unsent
 
 
 @pytest.mark.parametrize("scheduler", ["concurrent", "threaded"])
