@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from omni_trio.errors import ConfigError, ConfigProblem
+from omni_trio.processes import ProcessConfig, processes_problems
 from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
@@ -218,6 +219,8 @@ class PipelineConfig:
     max_in_flight: int | None = None
     replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
     serve: ServeConfig | None = None
+    #: Where process groups run (see :mod:`omni_trio.processes`); a group not listed is a local child.
+    processes: dict[str, ProcessConfig] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         problems = validate(self)
@@ -584,6 +587,8 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _admission_problems(config)
     problems += _endpoints_problems(config.endpoints)
     problems += _serve_problems(config.serve)
+    groups = {s.process: {"replicas": s.replicas, "restart": s.restart} for s in config.stages if s.process}
+    problems += processes_problems(config.processes, groups)
     problems += _graph_problems(config, known)
     return problems
 

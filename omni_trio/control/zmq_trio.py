@@ -33,7 +33,11 @@ relying on the broadcast.
 
 Endpoints are ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
 but there is a short window after ``bind`` with the umask's mode: create
-endpoints inside a private (0700) directory.
+endpoints inside a private (0700) directory. Between hosts they are
+``tcp://HOST:PORT`` (``tcp://HOST:*`` to bind any free port; the socket's
+:attr:`TrioSocket.source` then says which): only with a policy that has the
+run's :class:`~omni_trio.control.curve.Curve` (CURVE keys and ZAP, which
+refuse a peer without the run's key before any frame reaches us).
 
 Every socket of a run is built with the run's :class:`SocketPolicy`: its
 :class:`~omni_trio.control.auth.Authenticator` seals each message sent and
@@ -58,6 +62,7 @@ import trio
 import zmq
 
 from omni_trio.control.auth import Authenticator, Frame
+from omni_trio.control.curve import Curve
 from omni_trio.errors import MessageTooLarge
 
 __all__ = [
@@ -86,10 +91,12 @@ class EndpointPathTooLong(ValueError):
 
 @attrs.frozen
 class SocketPolicy:
-    """What every socket of a run applies: the process's authenticator and the largest frame accepted."""
+    """What every socket of a run applies: the process's authenticator and the largest frame accepted;
+    for ``tcp://`` sockets, the run's CURVE keys (None: the run has none, and refuses TCP)."""
 
     auth: Authenticator
     max_message_bytes: int
+    curve: Curve | None = None
 
 
 @attrs.define(eq=False)
@@ -135,6 +142,11 @@ class TrioSocket:
     def socket(self) -> zmq.Socket[Any]:
         """The wrapped zmq socket (for setsockopt; do not send/recv on it directly)."""
         return self._sock
+
+    @property
+    def source(self) -> str:
+        """Where the socket is bound or connected (a path, or the ``tcp://`` endpoint)."""
+        return self._source
 
     @property
     def closed(self) -> bool:
@@ -347,41 +359,57 @@ def _new_socket(ctx: zmq.Context[Any], kind: int, policy: SocketPolicy, hwm: int
     return sock
 
 
+def _curve(policy: SocketPolicy, endpoint: str) -> Curve:
+    if policy.curve is None:
+        raise ValueError(f"{endpoint}: tcp:// sockets need the run's CURVE keys (SocketPolicy.curve)")
+    return policy.curve
+
+
 def _bind(
     ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None, *, sealed_receives: bool
 ) -> TrioSocket:
-    endpoint, fs_path = ipc_endpoint(path)
+    tcp = os.fspath(path).startswith("tcp://")
+    endpoint, fs_path = (os.fspath(path), "") if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
     try:
-        sock.bind(endpoint)
-        # Only our user may connect (one more line of defence besides the run's proofs).
-        os.chmod(fs_path, 0o600)
+        if tcp:
+            _curve(policy, endpoint).serve(ctx, sock)
+            sock.bind(endpoint)
+            source = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            sock.bind(endpoint)
+            # Only our user may connect (one more line of defence besides the run's proofs).
+            os.chmod(fs_path, 0o600)
+            source = fs_path
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=fs_path, sealed_receives=sealed_receives)
+    return TrioSocket(sock, policy, source=source, sealed_receives=sealed_receives)
 
 
 def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
-    endpoint, fs_path = ipc_endpoint(path)
+    tcp = os.fspath(path).startswith("tcp://")
+    endpoint, source = (os.fspath(path),) * 2 if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
     try:
+        if tcp:
+            _curve(policy, endpoint).client(sock)
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(endpoint)
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=fs_path)
+    return TrioSocket(sock, policy, source=source)
 
 
 def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path``."""
+    """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path`` (or a ``tcp://`` endpoint)."""
     return _bind(ctx, zmq.PULL, path, policy, hwm, sealed_receives=True)
 
 
 def connect_push(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Connect a PUSH socket to ``ipc://path`` (the peer may bind later)."""
+    """Connect a PUSH socket to ``ipc://path`` or a ``tcp://`` endpoint (the peer may bind later)."""
     return _connect(ctx, zmq.PUSH, path, policy, hwm)
 
 
