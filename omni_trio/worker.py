@@ -20,6 +20,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -28,7 +29,8 @@ import zmq
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import ABORT_TOPIC, Endpoint, abort_path, ready_topic
 from omni_trio.control.links import RemoteCoordinatorLink
-from omni_trio.control.zmq_trio import connect_sub
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, connect_sub
+from omni_trio.join import KeyFile
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path
@@ -56,18 +58,32 @@ async def _exit_with_parent() -> None:
     _exit(1)
 
 
-async def serve(spec: WorkerSpec) -> None:
-    """Run the worker's stages until the runtime says Shutdown."""
+async def serve(
+    spec: WorkerSpec,
+    *,
+    context: zmq.Context[Any] | None = None,
+    pull: TrioSocket | None = None,
+    policy: SocketPolicy | None = None,
+) -> None:
+    """Run the worker's stages until the runtime says Shutdown.
+
+    A worker that joined over TCP (:mod:`omni_trio.worker_join`) passes its ZMQ ``context`` and its
+    bound receive socket ``pull`` and the ``policy`` of its sockets.
+    """
     from omni_trio.runtime import endpoint_for
 
     replica = split_replica(spec.process)[1]
     # Every event of a replica's process says which replica it is.
     tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
-    endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer, spec.secret)
+    endpoint = endpoint_for(
+        spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer, spec.secret,
+        curve=spec.curve, tcp=spec.tcp, context=context, pull=pull, policy=policy,
+    )
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_exit_with_parent)
+            if not spec.joined:  # a joined worker has no parent here: its connection's drop tells
+                nursery.start_soon(_exit_with_parent)
             await nursery.start(endpoint.serve)
             try:
                 try:
@@ -92,7 +108,7 @@ async def _start_stages(
 ) -> dict[str, Stage]:
     from omni_trio.runtime import build_stages, connect_stages
 
-    abort = connect_sub(endpoint.context, abort_path(Path(spec.ipc_dir)), endpoint.policy)
+    abort = connect_sub(endpoint.context, spec.abort_endpoint or abort_path(Path(spec.ipc_dir)), endpoint.policy)
     # Subscribing to our ready topic after the abort topic lets the runtime see,
     # through its XPUB socket, that the abort subscription is in place.
     abort.socket.setsockopt(zmq.SUBSCRIBE, ABORT_TOPIC)
@@ -160,6 +176,18 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(serve, spec)
     except BaseException:  # noqa: BLE001 - the traceback was reported; the exit code tells the parent
         traceback.print_exc()
+        _exit(1)
+    _exit(0)
+
+
+def run_joined(join_address: str, key: KeyFile) -> None:
+    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
+    from omni_trio.worker_join import join
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trio.run(join, join_address, key)
+    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
         _exit(1)
     _exit(0)
 

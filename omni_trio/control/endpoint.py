@@ -43,7 +43,7 @@ from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_also, bind_pull, connect_push
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer
 
@@ -104,6 +104,9 @@ class Endpoint:
         max_transfer_bytes: dict[str, int] | None = None,
         gpu_stages: frozenset[str] = frozenset(),
         pool_bytes: dict[str, int] | None = None,
+        tcp: dict[str, str] | None = None,
+        context: zmq.Context[Any] | None = None,
+        pull: TrioSocket | None = None,
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -116,8 +119,13 @@ class Endpoint:
         self._processes = frozenset({"main", *placement.values()})
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
-        self._ctx: zmq.Context[Any] = zmq.Context()
-        self._pull: TrioSocket | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
+        #: A receive socket bound already (a worker that joined over TCP, omni_trio/join.py).
+        self._pull: TrioSocket | None = pull
+        #: Peers on other hosts: their ``tcp://`` control endpoints (the others are ipc paths).
+        self._tcp = dict(tcp or {})
+        #: Where this process receives over TCP (None: ipc only, or set by the socket passed as ``pull``).
+        self.tcp_endpoint: str | None = None if pull is None else pull.source
         self._push: dict[str, TrioSocket] = {}
         self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
@@ -176,17 +184,35 @@ class Endpoint:
         Ctrl-C, a caller's cancel scope, a dead worker) its aborts and
         Shutdown messages still need the endpoint.
         """
-        path = socket_path(self.ipc_dir, self.process)
-        self._pull = bind_pull(self._ctx, path, self.policy)
+        if self._pull is None:
+            self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process), self.policy)
+        path = self._pull.source
         try:
             with self._serving:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, str(path))
+                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, path)
                     task_status.started()
                     await trio.sleep_forever()
         finally:
             await self._close()
+
+    def listen_tcp(self, endpoint: str) -> str:
+        """Receive also at the ``tcp://`` ``endpoint`` (CURVE; peers on other hosts); return where."""
+        assert self._pull is not None, "the endpoint is not serving"
+        self.tcp_endpoint = bind_also(self._ctx, self._pull, endpoint, self.policy)
+        return self.tcp_endpoint
+
+    def learn_address(self, process: str, endpoint: str) -> None:
+        """``process`` (one of the run's) is on another host, reached at ``endpoint``."""
+        if process not in self._processes:
+            raise LookupError(f"{process[:80]!r} is not a process of this run")
+        self._tcp[process] = endpoint
+
+    @property
+    def tcp_addresses(self) -> dict[str, str]:
+        """The ``tcp://`` endpoints of the peers known to be on other hosts."""
+        return dict(self._tcp)
 
     def stop(self) -> None:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
@@ -219,6 +245,8 @@ class Endpoint:
             for sock in [*self._push.values(), *self._adopted, *([self._pull] if self._pull else [])]:
                 sock.close()
             self._push.clear()
+            if self.policy.curve is not None:
+                self.policy.curve.close(self._ctx)
             self._ctx.destroy(linger=0)
 
     # ------------------------------------------------------------------ sending
@@ -229,7 +257,8 @@ class Endpoint:
             # A name from a message (a stats request's reply_to) must not open a socket per value.
             if process not in self._processes:
                 raise LookupError(f"{process[:80]!r} is not a process of this run")
-            sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process), self.policy)
+            address = self._tcp.get(process) or socket_path(self.ipc_dir, process)
+            sock = self._push[process] = connect_push(self._ctx, address, self.policy)
         return sock
 
     def _process_of(self, stage: str) -> str:

@@ -70,6 +70,7 @@ __all__ = [
     "EndpointPathTooLong",
     "SocketPolicy",
     "TrioSocket",
+    "bind_also",
     "bind_pub",
     "bind_pull",
     "bind_xpub",
@@ -365,6 +366,33 @@ def _curve(policy: SocketPolicy, endpoint: str) -> Curve:
     return policy.curve
 
 
+#: ZMTP heartbeats on TCP connections: a peer that stops answering (its host is gone, the network
+#: is cut) is disconnected within about a second, which a dead process's closed socket tells at once.
+HEARTBEAT_IVL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1000
+
+
+def _tcp(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def bind_also(ctx: zmq.Context[Any], sock: TrioSocket, endpoint: str, policy: SocketPolicy) -> str:
+    """Bind ``sock`` (already bound at its ipc path) also at the ``tcp://`` ``endpoint``, with CURVE;
+    return where (``tcp://HOST:*`` picks a free port).
+
+    libzmq takes a listener's options when it binds, so the ipc listener bound before keeps the
+    plain mechanism its same-host peers use, and only this TCP listener requires CURVE.
+    """
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"bind_also binds tcp:// endpoints, got {endpoint!r}")
+    _curve(policy, endpoint).serve(ctx, sock.socket)
+    _tcp(sock.socket)
+    sock.socket.bind(endpoint)
+    return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
 def _bind(
     ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None, *, sealed_receives: bool
 ) -> TrioSocket:
@@ -374,6 +402,7 @@ def _bind(
     try:
         if tcp:
             _curve(policy, endpoint).serve(ctx, sock)
+            _tcp(sock)
             sock.bind(endpoint)
             source = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
@@ -394,6 +423,7 @@ def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPoli
     try:
         if tcp:
             _curve(policy, endpoint).client(sock)
+            _tcp(sock)
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(endpoint)
