@@ -172,6 +172,6 @@ async def _watch(monitor: TrioSocket, remote: RemoteProcess) -> None:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 connected = True
             elif event["event"] == zmq.EVENT_DISCONNECTED and connected:
-                log.error("manual_worker_disconnected", pid=remote.pid)
+                log.info("manual_worker_connection_closed", pid=remote.pid)
                 remote.gone()
                 return

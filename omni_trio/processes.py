@@ -22,7 +22,7 @@ import attrs
 
 from omni_trio.errors import ConfigProblem
 
-__all__ = ["LAUNCHERS", "ProcessConfig", "host_of", "processes_problems"]
+__all__ = ["LAUNCHERS", "ProcessConfig", "edge_problems", "host_of", "processes_problems"]
 
 #: What may start a process group: a child process here, a Ray actor, or a person / orchestrator.
 LAUNCHERS = ("local", "ray", "manual")
@@ -139,4 +139,30 @@ def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> 
                 "workers on other hosts connect to",
             )
         )
+    return problems
+
+
+def edge_problems(processes: dict[str, ProcessConfig], edges: list[tuple[str, str, str, str]]) -> list[ConfigProblem]:
+    """Edges this version cannot carry: ``edges`` are ``(path, from_process, to_process, to_stage)``.
+
+    A process on another host than the caller exchanges messages with the caller's process and over
+    its own; TCP between two worker processes (of which one would have to learn the other's port) is
+    not built yet.
+    """
+    if not isinstance(processes, dict) or not all(isinstance(p, ProcessConfig) for p in processes.values()):
+        return []
+    main = host_of(processes, "main")
+    problems = []
+    for path, source, target, stage in edges:
+        if source == target or "main" in (source, target):
+            continue
+        if host_of(processes, source) != main or host_of(processes, target) != main:
+            problems.append(
+                ConfigProblem(
+                    path,
+                    f"{stage!r} is in process {target!r} and this stage in {source!r}: an edge between two worker "
+                    "processes of which one is on another host than the caller is not built yet; place one of "
+                    "the two stages in the caller's process (process=None) or in the same process",
+                )
+            )
     return problems

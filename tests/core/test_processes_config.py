@@ -14,7 +14,8 @@ from tests.placement import stage
 
 def _stages() -> list[ot.StageConfig]:
     return [
-        stage("a", "create_append", process="front", next="b"),
+        stage("a", "create_append", process="front", next="m"),
+        stage("m", "create_append", next="b"),
         stage("b", "create_append", process="back", terminal=True),
     ]
 
@@ -72,7 +73,7 @@ def test_ray_is_refused_until_it_is_built() -> None:
 
 def test_main_and_manual_rules() -> None:
     stages = [
-        stage("a", "create_append", process="front", next="b"),
+        stage("a", "create_append", next="b"),
         stage("b", "create_append", process="back", terminal=True, restart="on-failure", replicas=2),
     ]
     with pytest.raises(ot.ConfigError) as info:
@@ -96,7 +97,8 @@ def test_main_and_manual_rules() -> None:
 def test_processes_in_a_config_file(tmp_path: Path) -> None:
     data = {
         "stages": [
-            {"name": "a", "factory_path": "tests.stages.create_append", "process": "front", "next": "b"},
+            {"name": "a", "factory_path": "tests.stages.create_append", "process": "front", "next": "m"},
+            {"name": "m", "factory_path": "tests.stages.create_append", "next": "b"},
             {"name": "b", "factory_path": "tests.stages.create_append", "process": "back", "terminal": True},
         ],
         "processes": {
@@ -113,3 +115,21 @@ def test_processes_in_a_config_file(tmp_path: Path) -> None:
     with pytest.raises(ot.ConfigError) as info:
         config_from_dict({**data, "processes": {"back": {"launcher": "manual", "hots": "x"}}})
     assert any("processes" in p.path and "hots" in p.message for p in info.value.problems)
+
+
+def test_an_edge_between_workers_across_hosts_is_refused_until_built() -> None:
+    stages = [
+        stage("a", "create_append", next="b"),
+        stage("b", "create_append", process="local", next="c"),
+        stage("c", "create_append", process="far", terminal=True),
+    ]
+    with pytest.raises(ot.ConfigError) as info:
+        ot.PipelineConfig(
+            stages=stages,
+            processes={"main": ot.ProcessConfig(host="h1"), "far": ot.ProcessConfig(launcher="manual", host="h2")},
+        )
+    assert [str(p) for p in info.value.problems] == [
+        "stages[1].next: 'c' is in process 'far' and this stage in 'local': an edge between two worker processes "
+        "of which one is on another host than the caller is not built yet; place one of the two stages in the "
+        "caller's process (process=None) or in the same process"
+    ]
