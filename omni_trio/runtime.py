@@ -153,10 +153,11 @@ def endpoint_for(
     bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.worker_join`).
     """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
+    placement = addressed_placement(config)
     return Endpoint(
         process=process,
         ipc_dir=ipc_dir,
-        placement=addressed_placement(config),
+        placement=placement,
         shm_prefix=shm_prefix,
         tracer=tracer,
         policy=policy
@@ -168,6 +169,10 @@ def endpoint_for(
         tcp=tcp,
         context=context,
         pull=pull,
+        far=frozenset(
+            peer for peer in {MAIN_PROCESS, *placement.values()}
+            if host_of(config.processes, peer) != host_of(config.processes, process)
+        ),
         credits={address: comm.credits for address, comm in with_comm},
         max_transfer_bytes={address: comm.slot_size_mb << 20 for address, comm in with_comm},
         pool_bytes={address: comm.pool_mb << 20 for address, comm in with_comm},

@@ -36,6 +36,7 @@ import zmq
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
+from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
@@ -107,6 +108,7 @@ class Endpoint:
         tcp: dict[str, str] | None = None,
         context: zmq.Context[Any] | None = None,
         pull: TrioSocket | None = None,
+        far: frozenset[str] = frozenset(),
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -129,6 +131,9 @@ class Endpoint:
         self._push: dict[str, TrioSocket] = {}
         self._adopted: list[TrioSocket] = []
         self._relays: dict[str, ShmRelay] = {}
+        #: Processes on other hosts (by the config's hosts): objects to them go over TCP, not shm.
+        self._far = far
+        self._tcp_credits: dict[str, TcpCredits] = {}
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
@@ -284,6 +289,12 @@ class Endpoint:
             )
         return relay
 
+    def _tcp_credits_of(self, sender: str) -> TcpCredits:
+        credits = self._tcp_credits.get(sender)
+        if credits is None:
+            credits = self._tcp_credits[sender] = TcpCredits(self._credits.get(sender, 2))
+        return credits
+
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
         return self._transfers.in_use(sender)
@@ -323,7 +334,8 @@ class Endpoint:
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
         gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
-        put: ShmPut | None = None
+        put: ShmPut | TcpPut | None = None
+        far = self._process_of(receiver) in self._far
         if inline_only:
             inline = encode_inline(
                 obj, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
@@ -333,14 +345,16 @@ class Endpoint:
             ref = inline
         else:
             ref, put = await encode_object(
-                obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
+                obj, relay=relay, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers,
+                tcp=self._tcp_credits_of(sender) if far else None,
             )
         written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value)
         pending = None
         if put is not None:
             # Registered before sending: the ACK may arrive during the send's checkpoint.
-            pending = self._transfers.track(object_id, relay, put, request_id, sender, receiver)
+            settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
+            pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
         try:
             await self.send(self._process_of(receiver), make(ref.to_wire()))
         except BaseException:

@@ -1,0 +1,62 @@
+"""Stages of the cross-host tests: tensors big enough for shared memory (or TCP) on every edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_trio import SimpleScheduler, StagePayload
+
+
+def create_make(numel: int = 1 << 20) -> SimpleScheduler:
+    """``{"t": arange(numel)}`` (float32; 4 MiB by default)."""
+    import torch
+
+    def fn(payload: StagePayload) -> StagePayload:
+        n = int(payload.request.params.get("numel", numel))
+        payload.data = {"t": torch.arange(n, dtype=torch.float32)}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_scale(factor: float) -> SimpleScheduler:
+    """``t * factor``, and the pid of the process that did it."""
+    import os
+
+    def fn(payload: StagePayload) -> StagePayload:
+        payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid()}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def merge(inputs: dict[str, StagePayload]) -> StagePayload:
+    """The sources' tensors side by side, with the pid of each."""
+    first = next(iter(inputs.values()))
+    first.data = {name: payload.data for name, payload in sorted(inputs.items())}
+    return first
+
+
+def create_join() -> SimpleScheduler:
+    """Each source's tensor sum and length (a result that compares exactly across runs)."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        data: dict[str, Any] = payload.data
+        payload.data = {
+            name: {"sum": float(part["t"].double().sum()), "numel": int(part["t"].numel()), "pid": part["pid"]}
+            for name, part in data.items()
+        }
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_block() -> SimpleScheduler:
+    """Never returns (until its process dies): a request held by a remote worker."""
+    import time
+
+    def fn(payload: StagePayload) -> StagePayload:
+        while True:
+            time.sleep(3600)
+
+    return SimpleScheduler(fn)
