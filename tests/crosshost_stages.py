@@ -52,10 +52,13 @@ def create_join() -> SimpleScheduler:
 
 
 def create_block() -> SimpleScheduler:
-    """Never returns (until its process dies): a request held by a remote worker."""
+    """Says ``BLOCKING`` on stderr, then never returns (until its process dies): a request held by a
+    remote worker."""
+    import sys
     import time
 
     def fn(payload: StagePayload) -> StagePayload:
+        print("BLOCKING", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
 
