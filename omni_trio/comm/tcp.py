@@ -108,9 +108,13 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
     return tensors
 
 
+def _size(frame: bytes | memoryview) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
 def frame_sizes_match(entries: tuple[TensorEntry, ...], frames: tuple[bytes, ...]) -> bool:
     """Whether each frame holds exactly its entry's bytes (checked when a DataRef is parsed)."""
     return len(entries) == len(frames) and all(
-        len(frame) == entry.size == math.prod(entry.shape) * ELEMENT_SIZES.get(entry.dtype, 0)
+        _size(frame) == entry.size == math.prod(entry.shape) * ELEMENT_SIZES.get(entry.dtype, 0)
         for entry, frame in zip(entries, frames, strict=True)
     )
