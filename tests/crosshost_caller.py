@@ -34,7 +34,10 @@ def fanin_config(main_host: str, far_host: str) -> ot.PipelineConfig:
     return attrs.evolve(
         base,
         stages=[attrs.evolve(s, process=places.get(s.name)) for s in base.stages],
-        processes={"main": ot.ProcessConfig(host=main_host), "p_upper": ot.ProcessConfig(launcher="manual", host=far_host)},
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_upper": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
     )
 
 
@@ -52,7 +55,10 @@ def tensor_config(main_host: str, far_host: str, far_factory: str = "create_scal
             ot.StageConfig(name="join", factory_path=f"{M}.create_join", wait_for=["far", "near"],
                            merge_fn=f"{M}.merge", terminal=True),
         ],
-        processes={"main": ot.ProcessConfig(host=main_host), "p_far": ot.ProcessConfig(launcher="manual", host=far_host)},
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_far": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
     )
 
 

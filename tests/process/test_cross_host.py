@@ -169,6 +169,32 @@ def tmp_dir() -> Iterator[Scratch]:
                 os.unlink(Path("/dev/shm") / name)
 
 
+#: A peer in the worker's namespace that tries the caller's join address without the run's key pair
+#: (argv: join address, key file, "none" or "wrong"), sends frames, and says how libzmq refused it.
+_INTRUDER = """
+import json, sys, zmq
+from zmq.utils.monitor import recv_monitor_message
+join, key, how = sys.argv[1:4]
+ctx = zmq.Context()
+sock = ctx.socket(zmq.PUSH)
+sock.linger = 0
+if how == "wrong":  # knows the caller's public key (not a secret), presents a key pair of its own
+    sock.curve_serverkey = json.load(open(key))["curve_public"].encode()
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+monitor = sock.get_monitor_socket()
+sock.connect(join)
+for _ in range(3):
+    sock.send_multipart([b"data_ready", b"\\x80" * 64, b"forged-proof"], zmq.NOBLOCK)
+failed = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+monitor.rcvtimeo = 10_000
+while True:
+    event = recv_monitor_message(monitor)["event"]
+    if event & (failed | zmq.EVENT_DISCONNECTED):
+        print("REFUSED", zmq.Event(event).name, flush=True)
+        break
+"""
+
+
 async def _start_worker(caller: Proc, hosts: Hosts, tmp: Scratch) -> contextlib.AbstractAsyncContextManager[Proc]:
     match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'")
     join, key = match.groups()
@@ -191,6 +217,27 @@ async def test_the_chapters_fan_in_across_namespaces_matches_the_local_run(hosts
             assert worker.process.returncode == 0, worker.lines["err"][-20:]
     assert json.loads(caller.said("RESULT")) == expected
     assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_count": 0, "p_upper": 0}
+
+
+async def test_peers_without_the_runs_key_are_refused_before_any_frame(hosts: Hosts, tmp_dir: Scratch) -> None:
+    expected = await run_experiment("embedded")
+    with trio.fail_after(60):
+        async with in_namespace(hosts.near, _caller("fanin", hosts), tmp_dir) as caller:
+            match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'")
+            join, key = match.groups()
+            refusals = {}
+            for how in ("none", "wrong"):
+                async with in_namespace(hosts.far, [sys.executable, "-c", _INTRUDER, join, key, how], tmp_dir) as peer:
+                    refusals[how] = (await peer.line("out", r"^REFUSED (\S+)")).group(1)
+            await caller.line("err", r"curve_peer_refused .*refused=1")  # the caller's ZAP handler, for "wrong"
+            async with await _start_worker(caller, hosts, tmp_dir):
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+    # Both were dropped by libzmq (the wrong key by the ZAP handler): the run's proof check, which
+    # counts every message it sees without a valid proof, saw none of their frames.
+    assert refusals["wrong"] == "HANDSHAKE_FAILED_AUTH", refusals
+    assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_count": 0, "p_upper": 0}
+    assert json.loads(caller.said("RESULT")) == expected
 
 
 async def test_tensors_go_over_tcp_across_namespaces_and_shm_within(hosts: Hosts, tmp_dir: Scratch) -> None:
@@ -218,12 +265,14 @@ async def test_tensors_go_over_tcp_across_namespaces_and_shm_within(hosts: Hosts
 
 async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts: Hosts, tmp_dir: Scratch) -> None:
     with trio.fail_after(60):
-        async with in_namespace(hosts.near, _caller("killed", hosts), tmp_dir) as caller:
-            async with await _start_worker(caller, hosts, tmp_dir) as worker:
-                await worker.line("err", "BLOCKING")
-                killed_at = time.monotonic()
-                worker.process.kill()
-                await caller.line("out", "^FAILED ")
+        async with (
+            in_namespace(hosts.near, _caller("killed", hosts), tmp_dir) as caller,
+            await _start_worker(caller, hosts, tmp_dir) as worker,
+        ):
+            await worker.line("err", "BLOCKING")
+            killed_at = time.monotonic()
+            worker.process.kill()
+            await caller.line("out", "^FAILED ")
     error, at = caller.said("FAILED").split()
     assert error == "StageProcessDied"
     assert float(at) - killed_at < 1.0
