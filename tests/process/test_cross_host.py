@@ -276,3 +276,24 @@ async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts
     error, at = caller.said("FAILED").split()
     assert error == "StageProcessDied"
     assert float(at) - killed_at < 1.0
+
+
+async def test_a_cut_link_fails_the_remote_workers_request_through_heartbeats(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # No process dies and no socket closes: only ZMTP heartbeats (every 250 ms, 1 s timeout) tell.
+    try:
+        with trio.fail_after(60):
+            async with (
+                in_namespace(hosts.near, _caller("killed", hosts), tmp_dir) as caller,
+                await _start_worker(caller, hosts, tmp_dir) as worker,
+            ):
+                await worker.line("err", "BLOCKING")
+                cut_at = time.monotonic()
+                _ip("-n", hosts.far, "link", "set", hosts.far, "down")
+                await caller.line("out", "^FAILED ")
+                # The worker notices too, and exits by itself.
+                await worker.line("err", "the connection to the caller dropped; exiting")
+    finally:
+        _ip("-n", hosts.far, "link", "set", hosts.far, "up")
+    error, at = caller.said("FAILED").split()
+    assert error == "StageProcessDied"
+    assert float(at) - cut_at < 2.0
