@@ -87,7 +87,8 @@ class RemoteProcess:
     waiting for it (a worker that is still there exits when its connection to the caller drops).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_kill: Callable[[], None] | None = None) -> None:
+        self._on_kill = on_kill
         self.pid: int | None = None
         self.returncode: int | None = None
         self.stdin: None = None
@@ -104,7 +105,9 @@ class RemoteProcess:
         self._gone.set()
 
     def terminate(self) -> None:
-        """Stop waiting for the worker."""
+        """Stop waiting for the worker (and kill it where its launcher can: a Ray actor)."""
+        if self._on_kill is not None:
+            self._on_kill()
         self._gone.set()
 
     kill = terminate
@@ -123,22 +126,31 @@ class ManualWorkers:
         self._nursery: trio.Nursery | None = None
         endpoint.on(m.Join, self._on_join)
 
-    def expect(self, process: str, host: str, nursery: trio.Nursery) -> RemoteProcess:
-        """Write ``process``'s key file and wait for it to join; the stand-in for its process."""
-        self._nursery = nursery
+    def key(self, process: str, host: str) -> KeyFile:
+        """What ``process``'s worker needs to join (``host``: where it binds)."""
         curve = self._endpoint.policy.curve
         join = self._endpoint.tcp_endpoint
-        assert curve is not None and join is not None, "a manual worker needs the caller's tcp endpoint"
-        path = self._key_dir / f"{process}.key"
-        KeyFile(
+        assert curve is not None and join is not None, "a remote worker needs the caller's tcp endpoint"
+        return KeyFile(
             join=join, process=process, host=host, curve_public=curve.keys.public.decode(),
             curve_secret=curve.keys.secret.decode(), secret=self._endpoint.policy.auth.secret.hex(),
-        ).write(path)
-        remote = self._expected[process] = RemoteProcess()
-        log.warning(
-            "waiting_for_manual_worker", process=process, host=host, key_file=str(path),
-            command=f"omni-trio worker --join {join} --key {path}",
         )
+
+    def expect(
+        self, process: str, nursery: trio.Nursery, *, key_file: KeyFile | None = None,
+        on_kill: Callable[[], None] | None = None,
+    ) -> RemoteProcess:
+        """Wait for ``process`` to join; the stand-in for its process. With ``key_file``, write it
+        (the ``manual`` launcher) and log the command that starts the worker."""
+        self._nursery = nursery
+        if key_file is not None:
+            path = self._key_dir / f"{process}.key"
+            key_file.write(path)
+            log.warning(
+                "waiting_for_manual_worker", process=process, host=key_file.host, key_file=str(path),
+                command=f"omni-trio worker --join {key_file.join} --key {path}",
+            )
+        remote = self._expected[process] = RemoteProcess(on_kill)
         return remote
 
     async def _on_join(self, message: m.Join) -> None:

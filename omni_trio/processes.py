@@ -26,8 +26,6 @@ __all__ = ["LAUNCHERS", "ProcessConfig", "edge_problems", "host_of", "processes_
 
 #: What may start a process group: a child process here, a Ray actor, or a person / orchestrator.
 LAUNCHERS = ("local", "ray", "manual")
-#: Launchers that are accepted by the schema but not built yet.
-_NOT_BUILT = {"ray": "the 'ray' launcher is not built yet (issue #16); use 'local' or 'manual' for now"}
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 
@@ -38,7 +36,7 @@ class ProcessConfig:
 
     ``launcher``: ``"local"`` (a child process of the caller, today's behaviour), ``"manual"``
     (``open_pipeline`` waits for ``omni-trio worker --join ...`` started by hand or by an
-    orchestrator) or ``"ray"`` (not built yet: refused). ``host``: the address the process binds its
+    orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.ray_launch`). ``host``: the address the process binds its
     control socket on and peers connect to (an IP address or a host name, no port); ``None``: the
     caller's host. ``resources`` and ``ray_address`` are for the ``ray`` launcher.
     """
@@ -53,6 +51,9 @@ def host_of(processes: dict[str, ProcessConfig], process: str) -> str | None:
     """The host ``process`` (a group or a replica's name) lives on; None: the caller's, without a TCP address."""
     group = process.split("@r", 1)[0]
     entry = processes.get(group)
+    if entry is not None and entry.launcher == "ray":
+        # Ray decides where it lands: never assumed to share a host (nor /dev/shm) with anyone.
+        return f"ray:{group}"
     if entry is not None and entry.host is not None:
         return entry.host
     main = processes.get("main")
@@ -79,23 +80,24 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
     launcher = entry.launcher
     if launcher not in LAUNCHERS:
         problems.append(ConfigProblem(f"{at}.launcher", f"expected one of {list(LAUNCHERS)}, got {launcher!r}"))
-    elif launcher in _NOT_BUILT:
-        problems.append(ConfigProblem(f"{at}.launcher", _NOT_BUILT[launcher]))
     host = _host_problem(f"{at}.host", entry.host)
     if host is not None:
         problems.append(host)
     if name == "main" and launcher != "local":
         problems.append(ConfigProblem(f"{at}.launcher", "'main' is the caller's own process: its launcher is 'local'"))
-    if launcher == "manual":
-        if entry.host is None:
-            problems.append(ConfigProblem(f"{at}.host", "a 'manual' process needs the host it binds on"))
+    if launcher == "manual" and entry.host is None:
+        problems.append(ConfigProblem(f"{at}.host", "a 'manual' process needs the host it binds on"))
+    if launcher == "ray" and entry.host is not None:
+        problems.append(ConfigProblem(f"{at}.host", "a 'ray' process binds on the node Ray places it on; remove host"))
+    if launcher in ("manual", "ray"):
         group = groups.get(name, {})
         if group.get("replicas", 1) != 1:
-            problems.append(ConfigProblem(at, "a 'manual' process group cannot be replicated yet; set replicas=1"))
+            problems.append(ConfigProblem(at, f"a {launcher!r} process group cannot be replicated yet; set replicas=1"))
         if group.get("restart", "never") != "never":
             problems.append(
-                ConfigProblem(at, "a 'manual' worker is not started by the runtime, so it cannot be restarted; "
-                              "set restart='never' on its stages")
+                ConfigProblem(
+                    at, f"restarting a {launcher!r} worker is not built yet; set restart='never' on its stages"
+                )
             )
     if launcher != "ray":
         for field in ("resources", "ray_address"):
@@ -128,15 +130,18 @@ def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> 
             problems.append(ConfigProblem(at, f"expected a ProcessConfig, got {type(entry).__name__}"))
             continue
         problems += _entry_problems(at, name, entry, groups)
-    remote = [name for name, entry in processes.items() if isinstance(entry, ProcessConfig) and entry.host]
+    remote = [
+        name for name, entry in processes.items()
+        if isinstance(entry, ProcessConfig) and (entry.host or entry.launcher == "ray")
+    ]
     main = processes.get("main")
     main_host = main.host if isinstance(main, ProcessConfig) else None
     if remote and main_host is None:
         problems.append(
             ConfigProblem(
                 "processes['main'].host",
-                f"{remote[0]!r} has a host, so the caller needs one too: the address it binds on and "
-                "workers on other hosts connect to",
+                f"{remote[0]!r} is on a host of its own, so the caller needs one too: the address it binds on "
+                "and workers on other hosts connect to",
             )
         )
     return problems

@@ -19,12 +19,18 @@ def create_make(numel: int = 1 << 20) -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
-def create_scale(factor: float) -> SimpleScheduler:
-    """``t * factor``, and the pid of the process that did it."""
+def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
+    """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id)."""
     import os
 
+    node = None
+    if ray_node:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+
     def fn(payload: StagePayload) -> StagePayload:
-        payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid()}
+        payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid(), "node": node}
         return payload
 
     return SimpleScheduler(fn)
@@ -43,7 +49,10 @@ def create_join() -> SimpleScheduler:
     def fn(payload: StagePayload) -> StagePayload:
         data: dict[str, Any] = payload.data
         payload.data = {
-            name: {"sum": float(part["t"].double().sum()), "numel": int(part["t"].numel()), "pid": part["pid"]}
+            name: {
+                "sum": float(part["t"].double().sum()), "numel": int(part["t"].numel()), "pid": part["pid"],
+                "node": part["node"],
+            }
             for name, part in data.items()
         }
         return payload

@@ -59,15 +59,22 @@ def test_every_problem_with_its_path() -> None:
         "'10.0.0.2'), got 'tcp://x:5'",
         "processes['back'].host: a 'manual' process needs the host it binds on",
         "processes['back'].resources: resources is only used by the 'ray' launcher",
-        "processes['main'].host: 'front' has a host, so the caller needs one too: the address it binds on "
-        "and workers on other hosts connect to",
+        "processes['main'].host: 'front' is on a host of its own, so the caller needs one too: the address it "
+        "binds on and workers on other hosts connect to",
     ]
 
 
-def test_ray_is_refused_until_it_is_built() -> None:
-    problems = problems_of({"back": ot.ProcessConfig(launcher="ray", resources={"GPU": 1})})
-    assert problems == [
-        "processes['back'].launcher: the 'ray' launcher is not built yet (issue #16); use 'local' or 'manual' for now"
+def test_a_ray_group_is_placed_by_ray_never_on_a_shared_host() -> None:
+    processes = {
+        "main": ot.ProcessConfig(host="10.0.0.1"),
+        "back": ot.ProcessConfig(launcher="ray", resources={"GPU": 1}, ray_address="ray://head:10001"),
+    }
+    config = ot.PipelineConfig(stages=_stages(), processes=processes)
+    assert host_of(config.processes, "back") not in (None, "10.0.0.1")  # its edges are TCP
+    assert problems_of({"back": ot.ProcessConfig(launcher="ray", host="10.0.0.2")}) == [
+        "processes['back'].host: a 'ray' process binds on the node Ray places it on; remove host",
+        "processes['main'].host: 'back' is on a host of its own, so the caller needs one too: the address it "
+        "binds on and workers on other hosts connect to",
     ]
 
 
@@ -87,8 +94,7 @@ def test_main_and_manual_rules() -> None:
     assert [str(p) for p in info.value.problems] == [
         "processes['main'].launcher: 'main' is the caller's own process: its launcher is 'local'",
         "processes['back']: a 'manual' process group cannot be replicated yet; set replicas=1",
-        "processes['back']: a 'manual' worker is not started by the runtime, so it cannot be restarted; "
-        "set restart='never' on its stages",
+        "processes['back']: restarting a 'manual' worker is not built yet; set restart='never' on its stages",
         "processes['back'].resources: resources is only used by the 'ray' launcher",
         "processes['back'].resources: expected a table of resource name -> amount > 0, got {'x': -1}",
     ]
