@@ -20,8 +20,10 @@ def create_make(numel: int = 1 << 20) -> SimpleScheduler:
 
 
 def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
-    """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id)."""
+    """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id);
+    a request with the ``block`` param is held forever."""
     import os
+    import threading
 
     node = None
     if ray_node:
@@ -30,6 +32,8 @@ def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
         node = ray.get_runtime_context().get_node_id()
 
     def fn(payload: StagePayload) -> StagePayload:
+        if payload.request.params.get("block"):  # hold the request until the process dies
+            threading.Event().wait()
         payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid(), "node": node}
         return payload
 

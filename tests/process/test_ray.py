@@ -7,12 +7,16 @@ share /dev/shm here.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import omni_trio as ot
 from omni_trio.tracing import read_trace
@@ -71,3 +75,25 @@ async def test_stages_land_on_the_node_their_resources_name(cluster: Any, tmp_pa
     sends = [e for e in read_trace(trace) if e.get("event") == "comm_payload_send"]
     edges = {(e["from_stage"], e["to_stage"]): e["transport"] for e in sends}
     assert edges == {("make", "a"): "tcp", ("a", "join"): "tcp", ("make", "b"): "tcp", ("b", "join"): "tcp"}
+
+
+async def test_a_dead_actor_fails_its_requests_within_a_second(cluster: Any) -> None:
+    with trio.fail_after(120), pytest.raises(ot.StageProcessDied):  # the pipeline ends with its worker
+        async with ot.open_pipeline(_config(cluster.address), start_timeout=90) as pipeline:
+            first = await pipeline.submit("r0", "x", params={"numel": 4})
+            failed: list[tuple[BaseException, float]] = []
+
+            async def held() -> None:
+                try:
+                    await pipeline.submit("r1", "x", params={"numel": 4, "block": True})
+                except ot.RequestError as exc:
+                    failed.append((exc, time.monotonic()))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await trio.testing.wait_all_tasks_blocked()  # r1 is out, waiting for its result
+                killed_at = time.monotonic()
+                os.kill(first["a"]["pid"], signal.SIGKILL)
+    [(error, at)] = failed
+    assert isinstance(error, ot.StageProcessDied) and error.process == "p_a"
+    assert at - killed_at < 1.0
