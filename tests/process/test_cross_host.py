@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,67 +25,24 @@ import pytest
 import trio
 
 from examples.ch4_fanin import run_experiment
+from omni_trio.netns import Namespaces, run_ip, unavailable, veth_namespaces
 from omni_trio.tracing import read_trace
 from tests.process.helpers import shm_segments
 
 REPO = Path(__file__).resolve().parents[2]
-_ID = os.getpid() % 100_000
-_SUBNET = f"10.231.{os.getpid() % 250}"
 
 
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces (ip netns)"
-    if shutil.which("ip") is None:
-        return "the 'ip' command (iproute2) is not installed"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"'ip netns' is unavailable: {probe.stderr.strip()}"
-    return None
-
-
-@attrs.frozen
-class Hosts:
-    """Two namespaces: the caller's (``near``) and the worker's (``far``), and their addresses."""
-
-    near: str
-    near_ip: str
-    far: str
-    far_ip: str
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-def _kill_all_in(namespace: str) -> None:
-    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
-    for pid in listed.stdout.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+#: The two "hosts" of the tests.
+Hosts = Namespaces
 
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    reason = _unavailable()
+    reason = unavailable()
     if reason is not None:
         pytest.skip(reason)
-    near, far = f"ot{_ID}n", f"ot{_ID}f"
-    try:
-        _ip("netns", "add", near)
-        _ip("netns", "add", far)
-        _ip("link", "add", near, "type", "veth", "peer", "name", far)
-        for namespace, address in ((near, f"{_SUBNET}.1"), (far, f"{_SUBNET}.2")):
-            _ip("link", "set", namespace, "netns", namespace)
-            _ip("-n", namespace, "addr", "add", f"{address}/30", "dev", namespace)
-            _ip("-n", namespace, "link", "set", namespace, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-        yield Hosts(near, f"{_SUBNET}.1", far, f"{_SUBNET}.2")
-    finally:
-        for namespace in (near, far):
-            _kill_all_in(namespace)
-            # Deleting a namespace deletes the veth end in it, and so the pair.
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
+    with veth_namespaces(str(os.getpid() % 100_000)) as namespaces:
+        yield namespaces
 
 
 class Proc:
@@ -288,12 +244,12 @@ async def test_a_cut_link_fails_the_remote_workers_request_through_heartbeats(ho
             ):
                 await worker.line("err", "BLOCKING")
                 cut_at = time.monotonic()
-                _ip("-n", hosts.far, "link", "set", hosts.far, "down")
+                run_ip("-n", hosts.far, "link", "set", hosts.far, "down")
                 await caller.line("out", "^FAILED ")
                 # The worker notices too, and exits by itself.
                 await worker.line("err", "the connection to the caller dropped; exiting")
     finally:
-        _ip("-n", hosts.far, "link", "set", hosts.far, "up")
+        run_ip("-n", hosts.far, "link", "set", hosts.far, "up")
     error, at = caller.said("FAILED").split()
     assert error == "StageProcessDied"
     assert float(at) - cut_at < 2.0
