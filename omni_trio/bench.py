@@ -337,9 +337,9 @@ def _child_pids(parent: int) -> list[int]:
 # --------------------------------------------------------------------------- workloads
 
 
-async def w1(q: bool) -> dict[str, float]:
-    """Chain of 2 no-op stages, sequential requests."""
-    return await sequential_latency(chain_config(2), 20 if q else 500, 5 if q else 50)
+async def w1(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
+    """Chain of 2 no-op stages, sequential requests (``config``: placed otherwise, omni_trio/bench_tcp.py)."""
+    return await sequential_latency(config or chain_config(2), 20 if q else 500, 5 if q else 50)
 
 
 async def w2(q: bool) -> dict[str, float]:
@@ -407,12 +407,12 @@ def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
     return statistics.median(copies), statistics.median(clones)
 
 
-async def w4(q: bool) -> dict[str, float]:
+async def w4(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A float32 tensor from a source process to a sink process; compared with in-process copies."""
     sizes_mb = [1] if q else [4, 64]
     runs = 3 if q else 7
     result: dict[str, float] = {}
-    async with open_pipeline(tensor_config()) as pipeline:
+    async with open_pipeline(config or tensor_config()) as pipeline:
         for size in sizes_mb:
             numel = size * MB // 4
             await pipeline.submit(f"warm-{size}", "x", params={"numel": numel})
@@ -434,12 +434,12 @@ async def w4(q: bool) -> dict[str, float]:
     return result
 
 
-async def w5(q: bool) -> dict[str, float]:
+async def w5(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A talker streams small chunks to a forwarding vocoder in another process, which forwards them."""
     chunks = 50 if q else 1000
     runs = 2 if q else 5
     rates, firsts = [], []
-    async with open_pipeline(stream_config(chunks)) as pipeline:
+    async with open_pipeline(config or stream_config(chunks)) as pipeline:
         for i in range(-1, runs):  # run -1 is a warm-up
             received = 0
             first = None
