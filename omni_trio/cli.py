@@ -400,7 +400,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _add_app_dir(args.app_dir)
     if not args.join.startswith("tcp://"):
         raise _UsageError(f"--join takes the caller's tcp://HOST:PORT, got {args.join!r}")
-    run_joined(args.join, KeyFile.read(Path(args.key)))
+    try:
+        key = KeyFile.read(Path(args.key))
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    if key.join != args.join:
+        raise _UsageError(f"--join {args.join} is not the address in the key file ({key.join})")
+    run_joined(args.join, key)
     return EXIT_OK  # run_joined exits the process itself
 
 

@@ -71,12 +71,12 @@ class KeyFile:
 
     @classmethod
     def read(cls, path: Path) -> KeyFile:
-        """Read a key file; a clear error when it is not one."""
+        """Read a key file; ValueError saying what is wrong when it is not one."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             return cls(**{field.name: str(data[field.name]) for field in attrs.fields(cls)})
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SystemExit(f"{path}: not an omni-trio key file ({type(exc).__name__}: {exc})") from None
+            raise ValueError(f"{path}: not an omni-trio key file ({type(exc).__name__}: {exc})") from None
 
 
 class RemoteProcess:
