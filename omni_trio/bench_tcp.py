@@ -56,8 +56,9 @@ def _inner(workload: str, quick: bool, main_host: str, far_host: str) -> None:
     print("RESULT", json.dumps(result), flush=True)
 
 
-def _forward_until(stream: IO[str], pattern: str, found: list[str], ready: threading.Event) -> None:
+def _forward_until(stream: IO[str], pattern: str, found: list[str], ready: threading.Event, seen: list[str]) -> None:
     for line in stream:
+        seen.append(line)
         if not found and (match := re.search(pattern, line)):
             found.append(match.group(1))
             ready.set()
@@ -73,9 +74,10 @@ def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_
     )
     assert caller.stderr is not None and caller.stdout is not None
     command: list[str] = []
+    seen: list[str] = []
     ready = threading.Event()
-    reader = threading.Thread(target=_forward_until, args=(caller.stderr, r"command='(omni-trio worker [^']*)'",
-                                                           command, ready), daemon=True)
+    pattern = r"command='(omni-trio worker [^']*)'"
+    reader = threading.Thread(target=_forward_until, args=(caller.stderr, pattern, command, ready, seen), daemon=True)
     reader.start()
     worker = None
     try:
@@ -89,7 +91,9 @@ def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_
         out, _ = caller.communicate(timeout=TIMEOUT_S)
         line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
         if caller.returncode != 0 or line is None:
-            raise RuntimeError(f"{workload}: the caller exited with {caller.returncode}")
+            reader.join(5)
+            tail = "".join(seen[-15:])
+            raise RuntimeError(f"{workload}: the caller exited with {caller.returncode}:\n{tail}")
         result: dict[str, Any] = json.loads(line[len("RESULT "):])
         return result
     finally:

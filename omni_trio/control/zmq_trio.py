@@ -372,7 +372,13 @@ HEARTBEAT_IVL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1000
 
 
-def _tcp(sock: zmq.Socket[Any]) -> None:
+#: What CURVE adds to each frame on the wire (the MESSAGE command's name, nonce, box and flags):
+#: libzmq checks ZMQ_MAXMSGSIZE on the encrypted frame, so TCP sockets allow this much more.
+CURVE_FRAME_OVERHEAD = 64
+
+
+def _tcp(sock: zmq.Socket[Any], policy: SocketPolicy) -> None:
+    sock.setsockopt(zmq.MAXMSGSIZE, policy.max_message_bytes + CURVE_FRAME_OVERHEAD)
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
@@ -388,7 +394,7 @@ def bind_also(ctx: zmq.Context[Any], sock: TrioSocket, endpoint: str, policy: So
     if not endpoint.startswith("tcp://"):
         raise ValueError(f"bind_also binds tcp:// endpoints, got {endpoint!r}")
     _curve(policy, endpoint).serve(ctx, sock.socket)
-    _tcp(sock.socket)
+    _tcp(sock.socket, policy)
     sock.socket.bind(endpoint)
     return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -402,7 +408,7 @@ def _bind(
     try:
         if tcp:
             _curve(policy, endpoint).serve(ctx, sock)
-            _tcp(sock)
+            _tcp(sock, policy)
             sock.bind(endpoint)
             source = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
@@ -423,7 +429,7 @@ def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPoli
     try:
         if tcp:
             _curve(policy, endpoint).client(sock)
-            _tcp(sock)
+            _tcp(sock, policy)
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(endpoint)

@@ -110,3 +110,20 @@ def test_tcp_without_curve_keys_is_refused(ctx: zmq.Context[Any]) -> None:
 def test_the_secret_key_is_never_printed() -> None:
     keys = new_curve_keys()
     assert keys.secret.decode() not in repr(keys) and keys.public.decode() in repr(keys)
+
+
+async def test_a_frame_of_the_largest_accepted_size_crosses_tcp(ctx: zmq.Context[Any]) -> None:
+    # libzmq checks ZMQ_MAXMSGSIZE on the encrypted frame, which CURVE makes a little bigger.
+    keys, secret = new_curve_keys(), new_secret()
+    server = _policy(keys, secret)
+    assert server.curve is not None
+    pull = bind_pull(ctx, "tcp://127.0.0.1:*", server)
+    push = connect_push(ctx, pull.source, _policy(keys, secret))
+    try:
+        with trio.fail_after(10):
+            await push.send_multipart([b"t", b"x" * server.max_message_bytes])
+            assert [len(f) for f in await pull.recv_multipart()] == [1, server.max_message_bytes]
+    finally:
+        push.close()
+        pull.close()
+        server.curve.close(ctx)
