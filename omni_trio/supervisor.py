@@ -32,9 +32,9 @@ from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint, abort_path, ready_topic
 from omni_trio.control.zmq_trio import TrioSocket, bind_also, bind_xpub
 from omni_trio.errors import StageStartupError, describe_exit
-from omni_trio.join import ManualWorkers, RemoteProcess
+from omni_trio.join import RemoteProcess
 from omni_trio.processes import host_of
-from omni_trio.ray_launch import RayLauncher
+from omni_trio.remote import RemoteWorkers
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
@@ -159,8 +159,7 @@ class Supervisor:
         #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
         self._spawn_lock = trio.Lock()
         endpoint.on(m.Ready, self._on_ready)
-        self._manual = ManualWorkers(endpoint, self._remote_spec, ipc_dir)
-        self._ray = RayLauncher()
+        self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
         self._abort_tcp: str | None = None
 
     def _restart_policy(self, process: str) -> int:
@@ -205,17 +204,8 @@ class Supervisor:
         assert self._nursery is not None
         worker.shm_prefix = f"{self._run_prefix}-{index}"
         placement = self._config.processes.get(split_replica(worker.name)[0])
-        if placement is not None and placement.launcher == "manual":
-            assert placement.host is not None  # validated
-            key = self._manual.key(worker.name, placement.host)
-            worker.process = self._manual.expect(worker.name, self._nursery, key_file=key)
-            self._nursery.start_soon(self._watch_exit, worker)
-            return
-        if placement is not None and placement.launcher == "ray":
-            name = worker.name
-            worker.process = self._manual.expect(name, self._nursery, on_kill=lambda: self._ray.kill(name))
-            # The worker learns its host on its Ray node.
-            await self._ray.start(name, placement, self._manual.key(name, ""))
+        if placement is not None and placement.launcher != "local":
+            worker.process = await self._remote.start(worker.name, placement, self._nursery)
             self._nursery.start_soon(self._watch_exit, worker)
             return
         spec_path = self._write_spec(worker.name, worker.shm_prefix, retired)
@@ -381,7 +371,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for worker in self.workers.values():
                 nursery.start_soon(self._stop_one, worker)
-        self._ray.close()
+        self._remote.close()
 
     async def _stop_one(self, worker: Worker) -> None:
         proc = worker.process
