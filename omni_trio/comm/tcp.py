@@ -8,7 +8,8 @@ tensor-free rest pickled as its header, and each tensor's bytes as a frame of th
   frame of 64 KiB and more without copying it (the frame keeps the tensor alive until libzmq is done);
   a non-contiguous or GPU tensor is first made contiguous on the CPU, which copies.
 - Receiver: the codec hands each frame over as the ``bytes`` pyzmq received it into; each tensor is
-  built over that buffer (``torch.frombuffer``), with no second copy. Nothing else holds those bytes,
+  built over that buffer (``torch.frombuffer``), with no second copy (a CUDA source is moved to this
+  process's CUDA device when it has one, as after shared memory). Nothing else holds those bytes,
   so writing into the tensor is safe, although Python calls ``bytes`` immutable.
 - Credits: :class:`TcpCredits` bounds the transfers to one target that wait for their ACK, as a shared
   memory relay does (the receiver ACKs a ``tcp`` DataRef once it is decoded); so at most ``credits``
@@ -92,7 +93,8 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
     """The tensors of a ``tcp`` DataRef, built over the received frames (no copy)."""
     import torch
 
-    from omni_trio.comm.packing import dtype_from_str
+    # The same device restore as a shared-memory transfer's (SPEC §8.5).
+    from omni_trio.comm.packing import _receiver_device, dtype_from_str
 
     tensors: dict[str, Any] = {}
     for entry, frame in zip(entries, frames, strict=True):
@@ -104,7 +106,9 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
             # The frame's bytes belong to this tensor alone (see the module docstring).
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(frame, dtype=torch.uint8)
-        tensors[entry.path] = raw.view(dtype).reshape(entry.shape)
+        tensor = raw.view(dtype).reshape(entry.shape)
+        device = _receiver_device(entry.device, tensor.device, None)
+        tensors[entry.path] = tensor if device is None else tensor.to(device)
     return tensors
 
 
