@@ -26,6 +26,9 @@ __all__ = ["RayLauncher"]
 
 log = get_logger(__name__)
 
+#: How long stopping waits for the actors' workers to finish before killing the actors.
+CLEANUP_S = 5.0
+
 
 def _ray() -> Any:
     try:
@@ -78,8 +81,13 @@ class RayLauncher:
         self._calls[process] = actor.run.remote(key.join, attrs.asdict(key))
         log.info("ray_worker_started", process=process, resources=placement.resources)
 
-    def close(self) -> None:
-        """Kill every actor still there (their workers have exited, or never joined)."""
+    async def close(self) -> None:
+        """Kill every actor still there, once its worker finished cleaning up (at most
+        :data:`CLEANUP_S`; a worker that was told to stop has, or never joined)."""
+        calls = list(self._calls.values())
+        if calls:
+            ray = _ray()
+            await trio.to_thread.run_sync(lambda: ray.wait(calls, num_returns=len(calls), timeout=CLEANUP_S))
         for process in list(self._actors):
             self.kill(process)
 

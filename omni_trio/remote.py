@@ -39,6 +39,6 @@ class RemoteWorkers:
         await self._ray.start(process, placement, self._manual.key(process, ""))
         return remote
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Kill what is left of the run's Ray actors."""
-        self._ray.close()
+        await self._ray.close()

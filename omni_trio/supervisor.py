@@ -371,7 +371,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for worker in self.workers.values():
                 nursery.start_soon(self._stop_one, worker)
-        self._remote.close()
+        await self._remote.close()
 
     async def _stop_one(self, worker: Worker) -> None:
         proc = worker.process

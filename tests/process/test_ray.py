@@ -8,7 +8,9 @@ share /dev/shm here.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +29,14 @@ from ray.cluster_utils import Cluster  # noqa: E402
 M = "tests.crosshost_stages"
 
 
+def _worker_dirs() -> set[Path]:
+    """The private directories of joined workers (a killed one cannot remove its own)."""
+    return {*Path(tempfile.gettempdir()).glob("omnitrio-p_a-*"), *Path(tempfile.gettempdir()).glob("omnitrio-p_b-*")}
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    before = _worker_dirs()
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}})
     try:
         nodes.add_node(num_cpus=1, resources={"node_b": 1})
@@ -37,6 +45,8 @@ def cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         nodes.shutdown()
+        for path in _worker_dirs() - before:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _config(address: str) -> ot.PipelineConfig:
