@@ -41,6 +41,7 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
+from omni_trio.processes import ProcessConfig
 from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
@@ -87,6 +88,7 @@ __all__ = [
     "PipelineConfig",
     "PipelineHealth",
     "PipelineStats",
+    "ProcessConfig",
     "QueueFullError",
     "ReplicaLoad",
     "ReplicaPolicy",

@@ -357,9 +357,9 @@ def _descendant_pids(root: int) -> list[int]:
 # --------------------------------------------------------------------------- workloads
 
 
-async def w1(q: bool) -> dict[str, float]:
-    """Chain of 2 no-op stages, sequential requests."""
-    return await sequential_latency(chain_config(2), 20 if q else 500, 5 if q else 50)
+async def w1(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
+    """Chain of 2 no-op stages, sequential requests (``config``: placed otherwise, omni_trio/bench_tcp.py)."""
+    return await sequential_latency(config or chain_config(2), 20 if q else 500, 5 if q else 50)
 
 
 async def w2(q: bool) -> dict[str, float]:
@@ -427,10 +427,10 @@ def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
     return statistics.median(copies), statistics.median(clones)
 
 
-async def _w4_latencies(source: str, sizes_mb: list[int], runs: int) -> dict[int, float]:
-    """Median seconds per request of each size through :func:`tensor_config` with ``source``."""
+async def _w4_latencies(config: PipelineConfig, sizes_mb: list[int], runs: int) -> dict[int, float]:
+    """Median seconds per request of each size through ``config`` (a :func:`tensor_config`)."""
     latencies: dict[int, float] = {}
-    async with open_pipeline(tensor_config(source)) as pipeline:
+    async with open_pipeline(config) as pipeline:
         for size in sizes_mb:
             numel = size * MB // 4
             await pipeline.submit(f"warm-{size}", "x", params={"numel": numel})
@@ -445,16 +445,20 @@ async def _w4_latencies(source: str, sizes_mb: list[int], runs: int) -> dict[int
     return latencies
 
 
-async def w4(q: bool) -> dict[str, float]:
+async def w4(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A float32 tensor from a source process to a sink process; compared with in-process copies.
 
     The headline is default stage code (the source returns a tensor it made); the ``empty_`` metrics
     are the opt-in fast path, a source that builds its output with ``ot.empty`` (sent by reference).
+    With ``config`` (the TCP rows: the sink on another host, no shared slot to build in) only the
+    headline is measured, through that config.
     """
     sizes_mb = [1] if q else [4, 64]
     runs = 3 if q else 7
-    default = await _w4_latencies("create_tensor_source", sizes_mb, runs)
-    fast = await _w4_latencies("create_empty_tensor_source", sizes_mb, runs)
+    default = await _w4_latencies(config or tensor_config("create_tensor_source"), sizes_mb, runs)
+    fast = None
+    if config is None:
+        fast = await _w4_latencies(tensor_config("create_empty_tensor_source"), sizes_mb, runs)
     result: dict[str, float] = {}
     for size in sizes_mb:
         latency = default[size]
@@ -465,18 +469,19 @@ async def w4(q: bool) -> dict[str, float]:
         result[f"{size}MB_clone_ms"] = clone_s * 1000
         result[f"{size}MB_ratio_vs_copy"] = latency / copy_s
         result[f"{size}MB_ratio_vs_clone"] = latency / clone_s
-        result[f"{size}MB_empty_latency_ms"] = fast[size] * 1000
-        result[f"{size}MB_empty_MB_per_s"] = size / fast[size]
-        result[f"{size}MB_empty_ratio_vs_copy"] = fast[size] / copy_s
+        if fast is not None:
+            result[f"{size}MB_empty_latency_ms"] = fast[size] * 1000
+            result[f"{size}MB_empty_MB_per_s"] = size / fast[size]
+            result[f"{size}MB_empty_ratio_vs_copy"] = fast[size] / copy_s
     return result
 
 
-async def w5(q: bool) -> dict[str, float]:
+async def w5(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A talker streams small chunks to a forwarding vocoder in another process, which forwards them."""
     chunks = 50 if q else 1000
     runs = 2 if q else 5
     rates, firsts = [], []
-    async with open_pipeline(stream_config(chunks)) as pipeline:
+    async with open_pipeline(config or stream_config(chunks)) as pipeline:
         for i in range(-1, runs):  # run -1 is a warm-up
             received = 0
             first = None

@@ -405,6 +405,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+# --------------------------------------------------------------------------- worker
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: a ``manual`` process group's worker."""
+    from pathlib import Path
+
+    from omni_trio.join import KeyFile
+    from omni_trio.worker import run_joined
+
+    _add_app_dir(args.app_dir)
+    if not args.join.startswith("tcp://"):
+        raise _UsageError(f"--join takes the caller's tcp://HOST:PORT, got {args.join!r}")
+    try:
+        key = KeyFile.read(Path(args.key))
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    if key.join != args.join:
+        raise _UsageError(f"--join {args.join} is not the address in the key file ({key.join})")
+    run_joined(args.join, key)
+    return EXIT_OK  # run_joined exits the process itself
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -468,6 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trace", metavar="FILE", help="write a JSON-lines trace to FILE (workers write siblings)")
     serve.add_argument("--app-dir", default=".", metavar="DIR", help=APP_DIR_HELP)
     serve.set_defaults(handler=cmd_serve)
+
+    worker = commands.add_parser("worker", help="join a running pipeline as its 'manual' process group",
+                                 description="Start the worker of a process group with launcher = \"manual\" "
+                                             "(docs/cross-host.md): join the caller at --join with the run's key "
+                                             "file (written by the caller, mode 0600), serve until it ends.")
+    worker.add_argument("--join", required=True, metavar="tcp://HOST:PORT", help="the caller's join address")
+    worker.add_argument("--key", required=True, metavar="KEYFILE", help="the run's key file for this process")
+    worker.add_argument("--app-dir", default=".", metavar="DIR", help=APP_DIR_HELP)
+    worker.set_defaults(handler=cmd_worker)
 
     bench = commands.add_parser("bench", help="run the benchmark suite (python -m omni_trio.bench)",
                                 description="Run the benchmark suite: latency, throughput, tensor transfer, "

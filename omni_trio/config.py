@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from omni_trio.errors import ConfigError, ConfigProblem
+from omni_trio.processes import ProcessConfig, edge_problems, processes_problems
 from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
@@ -226,6 +227,8 @@ class PipelineConfig:
     replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
     serve: ServeConfig | None = None
     start_method: str = "template"
+    #: Where process groups run (see :mod:`omni_trio.processes`); a group not listed is a local child.
+    processes: dict[str, ProcessConfig] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         problems = validate(self)
@@ -582,6 +585,18 @@ def _cycle_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProbl
     return problems
 
 
+def _process_edges(config: PipelineConfig, known: set[str]) -> list[tuple[str, str, str, str]]:
+    """``(path, from process, to process, to stage)`` of every edge between stages."""
+    process = {s.name: s.process or MAIN_PROCESS for s in config.stages}
+    return [
+        (f"stages[{i}].{field}", process[s.name], process[target], target)
+        for i, s in enumerate(config.stages)
+        for field, targets in (("next", s.next_stages), ("stream_to", s.stream_to))
+        for target in targets
+        if target in known
+    ]
+
+
 def validate(config: PipelineConfig) -> list[ConfigProblem]:
     """Every problem in ``config``'s structure (names, edges, graph), errors and warnings."""
     problems: list[ConfigProblem] = []
@@ -607,6 +622,9 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _endpoints_problems(config.endpoints)
     problems += _start_method_problems(config)
     problems += _serve_problems(config.serve)
+    groups = {s.process: {"replicas": s.replicas, "restart": s.restart} for s in config.stages if s.process}
+    problems += processes_problems(config.processes, groups)
+    problems += edge_problems(config.processes, _process_edges(config, known))
     problems += _graph_problems(config, known)
     return problems
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import zmq
 
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
@@ -28,14 +29,16 @@ from omni_trio.comm.shm import remove_segments
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.auth import FrameMac, new_secret
+from omni_trio.control.curve import Curve, CurveKeys, new_curve_keys
 from omni_trio.control.deaths import WorkerDeaths
 from omni_trio.control.directory import ProcessDirectory, serve_coordinator
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
-from omni_trio.control.zmq_trio import SocketPolicy
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError, Terminated
 from omni_trio.payload import StagePayload
+from omni_trio.processes import host_of
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.sigterm import cancel_on_sigterm
 from omni_trio.stage.links import CoordinatorLink, LocalCoordinatorLink, LocalStageLink, StageLink
@@ -141,20 +144,47 @@ def connect_stages(
 
 
 def endpoint_for(
-    config: PipelineConfig, process: str, ipc_dir: Path, shm_prefix: str, tracer: Tracer, secret: bytes
+    config: PipelineConfig,
+    process: str,
+    ipc_dir: Path,
+    shm_prefix: str,
+    tracer: Tracer,
+    secret: bytes,
+    *,
+    curve: CurveKeys | None = None,
+    tcp: dict[str, str] | None = None,
+    context: zmq.Context[Any] | None = None,
+    pull: TrioSocket | None = None,
+    policy: SocketPolicy | None = None,
 ) -> Endpoint:
     """The endpoint of ``process`` in a multi-process run of ``config`` (stages by address: each replica's own).
 
-    ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.auth`).
+    ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.auth`);
+    ``curve`` its CURVE keys when some process is on another host (:mod:`omni_trio.control.curve`),
+    ``tcp`` the peers known to be there; a worker that joined over TCP passes its ``context`` and
+    bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.worker_join`).
     """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
+    placement = addressed_placement(config)
     return Endpoint(
         process=process,
         ipc_dir=ipc_dir,
-        placement=addressed_placement(config),
+        placement=placement,
         shm_prefix=shm_prefix,
         tracer=tracer,
-        policy=SocketPolicy(FrameMac(secret, process=process, tracer=tracer), config.endpoints.max_message_bytes),
+        policy=policy
+        or SocketPolicy(
+            FrameMac(secret, process=process, tracer=tracer),
+            config.endpoints.max_message_bytes,
+            None if curve is None else Curve(curve, process=process),
+        ),
+        tcp=tcp,
+        context=context,
+        pull=pull,
+        far=frozenset(
+            peer for peer in {MAIN_PROCESS, *placement.values()}
+            if host_of(config.processes, peer) != host_of(config.processes, process)
+        ),
         credits={address: comm.credits for address, comm in with_comm},
         max_transfer_bytes={address: comm.slot_size_mb << 20 for address, comm in with_comm},
         pool_bytes={address: comm.pool_mb << 20 for address, comm in with_comm},
@@ -313,11 +343,16 @@ async def _in_processes(
     run_prefix = new_run_prefix()
     ipc_dir = _make_ipc_dir(config, run_prefix)
     secret = new_secret()
+    main_host = host_of(config.processes, MAIN_PROCESS)
+    # Only a run with processes on other hosts has TCP sockets, and so CURVE keys.
+    curve = None if main_host is None else new_curve_keys()
     died: list[StageProcessDied] = []
     try:
         async with trio.open_nursery() as nursery:
-            endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer, secret)
+            endpoint = endpoint_for(config, MAIN_PROCESS, ipc_dir, f"{run_prefix}-0", tracer, secret, curve=curve)
             await nursery.start(endpoint.serve)
+            if main_host is not None:
+                endpoint.listen_tcp(f"tcp://{main_host}:*")
             local: dict[str, Stage] = {}
             bindings = BindingTable(config)
             replicas = ReplicaDispatcher(config, bindings)

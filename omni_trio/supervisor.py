@@ -28,9 +28,12 @@ import trio
 from omni_trio.comm.shm import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
+from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
+from omni_trio.join import RemoteProcess
 from omni_trio.launch import Launcher, WorkerProcess, launcher_for
+from omni_trio.remote import RemoteWorkers
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
@@ -58,6 +61,12 @@ class WorkerSpec:
     #: Requests failed when an earlier incarnation of this process died: messages for
     #: them still queued towards its socket must be dropped by the new one.
     retired: list[str] = attrs.field(factory=list)
+    #: The run's CURVE keys, for a process with ``tcp://`` sockets (omni_trio/control/curve.py).
+    curve: CurveKeys | None = None
+    #: Peers on other hosts: their ``tcp://`` control endpoints.
+    tcp: dict[str, str] = attrs.field(factory=dict)
+    #: Joined over TCP (``manual``): no parent process, no pipe to watch.
+    joined: bool = False
 
 
 @attrs.define(eq=False)
@@ -65,7 +74,7 @@ class Worker:
     """One worker process and what we know about it."""
 
     name: str
-    process: WorkerProcess | None = None
+    process: WorkerProcess | RemoteProcess | None = None
     settled: trio.Event = attrs.field(factory=trio.Event)
     exited: trio.Event = attrs.field(factory=trio.Event)
     failure: str | None = None
@@ -148,6 +157,7 @@ class Supervisor:
         #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
         self._spawn_lock = trio.Lock()
         endpoint.on(m.Ready, self._on_ready)
+        self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
 
     def _restart_policy(self, process: str) -> int:
         """How many restarts ``process`` may have (0: none); config validation made its stages agree."""
@@ -178,6 +188,11 @@ class Supervisor:
     async def _start(self, worker: Worker, index: int, retired: list[str]) -> None:
         assert self._nursery is not None
         worker.shm_prefix = f"{self._run_prefix}-{index}"
+        placement = self._config.processes.get(split_replica(worker.name)[0])
+        if placement is not None and placement.launcher != "local":
+            worker.process = await self._remote.start(worker.name, placement, self._nursery)
+            self._nursery.start_soon(self._watch_exit, worker)
+            return
         spec_path = self._write_spec(worker.name, worker.shm_prefix, retired)
         worker.process = await self._launcher.launch(worker.name, spec_path)
         self._nursery.start_soon(self._watch_exit, worker)
@@ -194,8 +209,27 @@ class Supervisor:
             late = [w.name for w in self.workers.values() if not w.settled.is_set()]
             raise StageStartupError(f"process(es) {late} not ready within the start-up timeout of {timeout:g} s")
 
+    def _remote_spec(self, process: str) -> WorkerSpec:
+        """The spec of a ``manual`` worker that joined: it reaches the caller (aborts included) over TCP."""
+        worker = self.workers[process]
+        tcp = self._endpoint.tcp_addresses
+        assert self._endpoint.tcp_endpoint is not None and self._endpoint.policy.curve is not None
+        tcp["main"] = self._endpoint.tcp_endpoint
+        spec = self._spec(process, worker.shm_prefix, [])
+        return attrs.evolve(
+            spec, curve=self._endpoint.policy.curve.keys, tcp=tcp, joined=True
+        )
+
     def _write_spec(self, process: str, shm_prefix: str, retired: list[str]) -> Path:
-        spec = WorkerSpec(
+        spec = self._spec(process, shm_prefix, retired)
+        path = self._ipc_dir / f"{process}.spec"
+        # Owner-only from the start: it holds the run's secret.
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as handle:
+            pickle.dump(spec, handle)
+        return path
+
+    def _spec(self, process: str, shm_prefix: str, retired: list[str]) -> WorkerSpec:
+        return WorkerSpec(
             config=self._config,
             process=process,
             ipc_dir=str(self._ipc_dir),
@@ -205,11 +239,6 @@ class Supervisor:
             sys_path=[p for p in sys.path if p],
             retired=retired,
         )
-        path = self._ipc_dir / f"{process}.spec"
-        # Owner-only from the start: it holds the run's secret.
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as handle:
-            pickle.dump(spec, handle)
-        return path
 
     async def _on_ready(self, message: m.Ready) -> None:
         worker = self.workers.get(message.process)
@@ -305,6 +334,7 @@ class Supervisor:
             for worker in self.workers.values():
                 nursery.start_soon(self._stop_one, worker)
         await self._launcher.aclose()
+        await self._remote.close()
 
     async def _stop_one(self, worker: Worker) -> None:
         proc = worker.process
@@ -312,7 +342,9 @@ class Supervisor:
             return
         # A restarted worker that is not ready holds no request: nothing to drain, and it
         # may not handle Shutdown yet.
-        graceful = worker.attempt == 0 or worker.live
+        graceful = (worker.attempt == 0 or worker.live) and not (
+            isinstance(proc, RemoteProcess) and not proc.joined.is_set()
+        )
         if not worker.exited.is_set() and graceful:
             with trio.move_on_after(1):
                 await self._endpoint.send(worker.name, m.Shutdown())

@@ -25,9 +25,11 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
+import zmq
 
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
 from omni_trio.comm.shm import freeze_creation
@@ -35,6 +37,8 @@ from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.join import KeyFile
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path
@@ -89,16 +93,31 @@ def watch_owner(spec: WorkerSpec) -> None:
     os._exit(1)
 
 
-async def serve(spec: WorkerSpec) -> None:
-    """Run the worker's stages until the runtime says Shutdown (or its process is gone: :func:`watch_owner`)."""
+async def serve(
+    spec: WorkerSpec,
+    *,
+    context: zmq.Context[Any] | None = None,
+    pull: TrioSocket | None = None,
+    policy: SocketPolicy | None = None,
+) -> None:
+    """Run the worker's stages until the runtime says Shutdown (or its owner is gone: :func:`watch_owner`).
+
+    A worker that joined over TCP (:mod:`omni_trio.worker_join`) passes its ZMQ ``context`` and its
+    bound receive socket ``pull`` and the ``policy`` of its sockets.
+    """
     from omni_trio.runtime import endpoint_for
 
-    # Here, not in main(): however the worker was started, it watches its owner before anything else.
-    threading.Thread(target=watch_owner, args=(spec,), name="omni-trio-owner-watch", daemon=True).start()
+    if not spec.joined:
+        # Here, not in main(): however the worker was started, it watches its owner before anything else.
+        # A worker that joined over TCP has no owner on this host: its connection's drop tells instead.
+        threading.Thread(target=watch_owner, args=(spec,), name="omni-trio-owner-watch", daemon=True).start()
     replica = split_replica(spec.process)[1]
     # Every event of a replica's process says which replica it is.
     tracer = Tracer(spec.trace_path, spec.process, {} if replica is None else {"replica": replica})
-    endpoint = endpoint_for(spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer, spec.secret)
+    endpoint = endpoint_for(
+        spec.config, spec.process, Path(spec.ipc_dir), spec.shm_prefix, tracer, spec.secret,
+        curve=spec.curve, tcp=spec.tcp, context=context, pull=pull, policy=policy,
+    )
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
@@ -196,6 +215,18 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(serve, spec)
     except BaseException:  # noqa: BLE001 - the traceback was reported; the exit code tells the parent
         traceback.print_exc()
+        _exit(1)
+    _exit(0)
+
+
+def run_joined(join_address: str, key: KeyFile) -> None:
+    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
+    from omni_trio.worker_join import join
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trio.run(join, join_address, key)
+    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
         _exit(1)
     _exit(0)
 

@@ -90,3 +90,24 @@ def test_w4_sources_are_default_code_and_ot_empty(tmp_path: Path) -> None:
     metrics = json.loads(out.read_text(encoding="utf-8"))["workloads"]["W4"]
     assert metrics["1MB_empty_latency_ms"] > 0 and metrics["1MB_empty_MB_per_s"] > 0
     assert metrics["1MB_latency_ms"] > 0
+
+
+def test_quick_tcp_rows_between_namespaces(tmp_path: Path) -> None:
+    from omni_trio.netns import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"the TCP rows run between network namespaces: {reason}")
+    out = tmp_path / "bench-tcp.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_trio.bench_tcp", "--quick", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert set(results) == {"W1-tcp", "W4-tcp", "W5-tcp"}
+    for name, metrics in results.items():
+        for metric, value in metrics.items():
+            assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
+    assert results["W5-tcp"]["chunks_per_request"] == 50

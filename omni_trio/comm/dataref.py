@@ -36,6 +36,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
 from omni_trio.comm.shm import ShmPut
+from omni_trio.comm.tcp import frame_sizes_match
 from omni_trio.control.codec import MalformedMessage, converter, describe_error
 
 __all__ = [
@@ -164,6 +165,9 @@ class DataRef:
     version: int = DATAREF_VERSION
     #: The tensor bytes the object carries, as the sender counted them (for ``stats()``); never on the wire.
     tensor_bytes: int = attrs.field(default=0, eq=False, repr=False)
+    #: ``tcp`` buffer only: each tensor's bytes, in ``tensors`` order (frames of the message; see
+    #: :mod:`omni_trio.comm.tcp`). A memoryview on the sender's side, bytes on the receiver's.
+    frames: tuple[bytes, ...] = attrs.field(default=(), converter=tuple, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.version != DATAREF_VERSION or type(self.version) is not int:
@@ -171,6 +175,11 @@ class DataRef:
         if type(self.object_id) is not str or not self.object_id:
             raise ValueError("object_id must be a non-empty string")
         length = self.buffer.length if self.buffer is not None else None
+        over_tcp = self.buffer is not None and self.buffer.transport is TransportKind.tcp
+        if over_tcp != bool(self.frames) and (self.frames or self.tensors):
+            raise ValueError("frames go with a tcp buffer, and a tcp buffer with its frames")
+        if over_tcp and not frame_sizes_match(self.tensors, self.frames):
+            raise ValueError("a tcp buffer needs one frame per tensor entry, each of the entry's size")
         if self.layout is Layout.packed_tensors:
             if any(v is not None for v in (self.shape, self.dtype, self.device, self.offset)):
                 raise ValueError("packed_tensors layout takes no shape/dtype/device/offset")

@@ -4,6 +4,8 @@
 
 * **inline** — the pickled object travels inside the control message, with
   no relay and no ACK;
+* **tcp** — to a process on another host: the header, and each tensor's
+  bytes as a frame of the message (:mod:`omni_trio.comm.tcp`);
 * **shm** — tensors are packed into one shared-memory segment (one transfer,
   one credit of the target), the tensor-free rest is pickled as the header.
   For a pooled slot the receiver builds its tensors as views of the slot (no
@@ -29,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from omni_trio.comm.dataref import DataRef, DataRefKind, Layout, TransportKind, shm_buffer
+from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind, shm_buffer
 from omni_trio.comm.layout import TensorEntry
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 from omni_trio.comm.shm import SegmentCache, ShmPut, ShmRelay, read_segment
+from omni_trio.comm.tcp import TcpCredits, TcpPut, tensor_frame, tensors_from_frames
 from omni_trio.payload import OmniRequest, StagePayload
 
 if TYPE_CHECKING:
@@ -174,11 +177,14 @@ async def encode_object(
     kind: DataRefKind,
     gpu_peers: bool = False,
     allocator: SlotAllocator | None = None,
-) -> tuple[DataRef, ShmPut | None]:
-    """Write ``obj`` for ``target``; return its DataRef and the relay put to settle (None inline).
+    tcp: TcpCredits | None = None,
+) -> tuple[DataRef, ShmPut | TcpPut | None]:
+    """Write ``obj`` for ``target``; return its DataRef and the put to settle (None inline).
 
-    The transport comes from :func:`~omni_trio.comm.router.choose_transport`. Tensors that lie in
-    one slot of ``allocator`` (``ot.empty``) are sent by reference, without a copy.
+    The transport comes from :func:`~omni_trio.comm.router.choose_transport`. With ``tcp``
+    (``target`` is on another host) what would go through shared memory goes as frames of the
+    message instead (:mod:`omni_trio.comm.tcp`). Otherwise tensors that lie in one slot of
+    ``allocator`` (``ot.empty``) are sent by reference, without a copy.
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
@@ -188,6 +194,24 @@ async def encode_object(
     )
     if ref is not None:
         return ref, None
+    from omni_trio.comm.packing import pack_tensors, write_packed
+
+    if tcp is not None:
+        total, entries = pack_tensors(tensors)
+        frames = tuple(tensor_frame(tensors[entry.path]) for entry in entries)
+        tcp_put = await tcp.put(target, total)
+        ref = DataRef(
+            kind=kind,
+            object_id=object_id,
+            transport=TransportKind.tcp,
+            layout=Layout.packed_tensors,
+            buffer=BufferRef(transport=TransportKind.tcp, info={}, length=total),
+            header=pickle.dumps(wrap(stripped), protocol=pickle.HIGHEST_PROTOCOL),
+            tensors=entries,
+            frames=frames,  # type: ignore[arg-type]  # memoryviews: sent as they are, received as bytes
+            tensor_bytes=total,
+        )
+        return ref, tcp_put
     lent = None if allocator is None else await allocator.lend(target, tensors)
     if lent is not None:
         put, plan = lent
@@ -198,8 +222,6 @@ async def encode_object(
             # The few tensors outside the slot are pickled with the header (at most 16 KiB of them).
             stripped = restore(stripped, plan.extras, partial=True)
     else:
-        from omni_trio.comm.packing import pack_tensors, write_packed
-
         total, entries = pack_tensors(tensors)
         put = await relay.put(target, total, lambda view: write_packed(view, tensors, entries))
     ref = DataRef(
@@ -254,6 +276,8 @@ async def decode_object(
 
             return _unwrap(header.obj, unpack_tensors(header.data, header.entries))
         return _unwrap(header, None)
+    if ref.transport is TransportKind.tcp:
+        return _unwrap(pickle.loads(ref.header), tensors_from_frames(ref.tensors, ref.frames))
     if ref.transport is not TransportKind.shm or ref.buffer is None:
         raise ValueError(f"DataRef {ref.object_id}: transport {ref.transport} is not available in this runtime")
     from omni_trio.comm.packing import unpack_tensors

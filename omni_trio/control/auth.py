@@ -39,9 +39,8 @@ Frame = bytes | bytearray | memoryview | zmq.Frame
 MAC_BYTES = 16
 #: Length of a run's secret.
 SECRET_BYTES = 32
-# What is being proven goes into the MAC first: a message's proof is never valid as a topic's.
+# What is being proven goes into the MAC first (room for other kinds of proof than a message's).
 _MESSAGE = 1
-_TOPIC = 2
 
 
 def new_secret() -> bytes:
@@ -65,9 +64,6 @@ class Authenticator(Protocol):
 
     def open(self, frames: list[bytes], source: str) -> list[bytes] | None:
         """A received message without its proof; None (counted and reported) if it has no valid one."""
-
-    def topic(self, name: bytes) -> bytes:
-        """A subscription topic only this run can make, for ``name`` (subscriptions carry no frames to seal)."""
 
 
 def _size(frame: Frame) -> int:
@@ -122,11 +118,6 @@ class FrameMac:
             self._refuse(source, "no valid proof of this run")
             return None
         return body
-
-    def topic(self, name: bytes) -> bytes:
-        """``name`` followed by its proof (hex, so the topic stays printable)."""
-        mac = hashlib.blake2b(bytes([_TOPIC]) + name, key=self._secret, digest_size=MAC_BYTES)
-        return name + b":" + mac.hexdigest().encode()
 
     def _refuse(self, source: str, reason: str) -> None:
         self._refused += 1

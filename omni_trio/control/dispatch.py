@@ -42,8 +42,8 @@ class Dispatcher:
             raise ValueError(f"{message_type.__name__} already has a handler in process {self._process!r}")
         self._handlers[message_type] = handler
 
-    async def receive_loop(self, sock: TrioSocket, source: str, topic_frame: bool = False) -> None:
-        """Handle what arrives on ``sock`` until it closes (``topic_frame``: drop each message's first frame)."""
+    async def receive_loop(self, sock: TrioSocket, source: str) -> None:
+        """Handle what arrives on ``sock`` until it closes."""
         while True:
             try:
                 batch = [await sock.recv_multipart()]
@@ -54,7 +54,7 @@ class Dispatcher:
             except trio.ClosedResourceError:
                 return
             for frames in batch:
-                await self.handle_frames(frames[1:] if topic_frame else frames, source)
+                await self.handle_frames(frames, source)
 
     async def handle_frames(self, frames: list[bytes], source: str) -> None:
         """Decode one message and run its handler; log and drop it if either fails."""

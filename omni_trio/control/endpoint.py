@@ -40,6 +40,7 @@ from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
+from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.audit import HeldReporter
@@ -48,7 +49,7 @@ from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_also, bind_pull, connect_push
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer
 
@@ -90,6 +91,10 @@ class Endpoint:
         max_transfer_bytes: dict[str, int] | None = None,
         gpu_stages: frozenset[str] = frozenset(),
         pool_bytes: dict[str, int] | None = None,
+        tcp: dict[str, str] | None = None,
+        context: zmq.Context[Any] | None = None,
+        pull: TrioSocket | None = None,
+        far: frozenset[str] = frozenset(),
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -102,11 +107,21 @@ class Endpoint:
         self._processes = frozenset({"main", *placement.values()})
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
-        self._ctx: zmq.Context[Any] = zmq.Context()
-        self._pull: TrioSocket | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
+        #: Sockets other components opened on the context (omni_trio/join.py): closed with the endpoint.
+        self._adopted: list[TrioSocket] = []
+        #: A receive socket bound already (a worker that joined over TCP, omni_trio/join.py).
+        self._pull: TrioSocket | None = pull
+        #: Peers on other hosts: their ``tcp://`` control endpoints (the others are ipc paths).
+        self._tcp = dict(tcp or {})
+        #: Where this process receives over TCP (None: ipc only, or set by the socket passed as ``pull``).
+        self.tcp_endpoint: str | None = None if pull is None else pull.source
         self._push: dict[str, TrioSocket] = {}
         self._relays: dict[str, ShmRelay] = {}
         self._allocators: dict[str, SlotAllocator] = {}
+        #: Processes on other hosts (by the config's hosts): objects to them go over TCP, not shm.
+        self._far = far
+        self._tcp_credits: dict[str, TcpCredits] = {}
         self._gpu_stages = gpu_stages
         self._credits = credits or {}
         self._max_transfer = max_transfer_bytes or {}
@@ -163,13 +178,14 @@ class Endpoint:
         Ctrl-C, a caller's cancel scope, a dead worker) its aborts and
         Shutdown messages still need the endpoint.
         """
-        path = socket_path(self.ipc_dir, self.process)
-        self._pull = bind_pull(self._ctx, path, self.policy)
+        if self._pull is None:
+            self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process), self.policy)
+        path = self._pull.source
         try:
             with self._serving:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, str(path))
+                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, path)
                     if self.process != "main":
                         nursery.start_soon(self._reporter.run)
                     task_status.started()
@@ -177,9 +193,35 @@ class Endpoint:
         finally:
             await self._close()
 
+    def listen_tcp(self, endpoint: str) -> str:
+        """Receive also at the ``tcp://`` ``endpoint`` (CURVE; peers on other hosts); return where."""
+        assert self._pull is not None, "the endpoint is not serving"
+        self.tcp_endpoint = bind_also(self._ctx, self._pull, endpoint, self.policy)
+        return self.tcp_endpoint
+
+    def learn_address(self, process: str, endpoint: str) -> None:
+        """``process`` (one of the run's) is on another host, reached at ``endpoint``."""
+        if process not in self._processes:
+            raise LookupError(f"{process[:80]!r} is not a process of this run")
+        self._tcp[process] = endpoint
+
+    @property
+    def tcp_addresses(self) -> dict[str, str]:
+        """The ``tcp://`` endpoints of the peers known to be on other hosts."""
+        return dict(self._tcp)
+
     def stop(self) -> None:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
         self._serving.cancel()
+
+    @property
+    def context(self) -> zmq.Context[Any]:
+        """The endpoint's ZMQ context (for sockets another component opens beside it: :meth:`adopt`)."""
+        return self._ctx
+
+    def adopt(self, sock: TrioSocket) -> None:
+        """Close ``sock`` with the endpoint."""
+        self._adopted.append(sock)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
@@ -196,9 +238,11 @@ class Endpoint:
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
             self._releases.clear()
-            for sock in [*self._push.values(), *([self._pull] if self._pull else [])]:
+            for sock in [*self._push.values(), *([self._pull] if self._pull else []), *self._adopted]:
                 sock.close()
             self._push.clear()
+            if self.policy.curve is not None:
+                self.policy.curve.close(self._ctx)
             self._ctx.destroy(linger=0)
 
     # ------------------------------------------------------------------ sending
@@ -209,7 +253,8 @@ class Endpoint:
             # A name from a message (a stats request's reply_to) must not open a socket per value.
             if process not in self._processes:
                 raise LookupError(f"{process[:80]!r} is not a process of this run")
-            sock = self._push[process] = connect_push(self._ctx, socket_path(self.ipc_dir, process), self.policy)
+            address = self._tcp.get(process) or socket_path(self.ipc_dir, process)
+            sock = self._push[process] = connect_push(self._ctx, address, self.policy)
         return sock
 
     def _process_of(self, stage: str) -> str:
@@ -243,6 +288,12 @@ class Endpoint:
     def _open_relay(self, sender: str) -> ShmRelay | None:
         """``sender``'s relay, or None once the endpoint is stopping (its relays are closed or closing)."""
         return None if self._serving.cancel_called else self._relay(sender)
+
+    def _tcp_credits_of(self, sender: str) -> TcpCredits:
+        credits = self._tcp_credits.get(sender)
+        if credits is None:
+            credits = self._tcp_credits[sender] = TcpCredits(self._credits.get(sender, 2))
+        return credits
 
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
@@ -280,7 +331,8 @@ class Endpoint:
         object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
         relay = self._relay(sender)
         gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
-        put: ShmPut | None = None
+        put: ShmPut | TcpPut | None = None
+        far = self._process_of(receiver) in self._far
         if inline_only:
             inline = encode_inline(
                 obj, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
@@ -297,14 +349,16 @@ class Endpoint:
                 object_id=object_id,
                 kind=kind,
                 gpu_peers=gpu_peers,
-                allocator=self._allocators.get(sender),
+                allocator=None if far else self._allocators.get(sender),
+                tcp=self._tcp_credits_of(sender) if far else None,
             )
         written = time.monotonic() if tracing else 0.0
         self.transports(sender).note(direction, receiver, ref.transport.value, ref.tensor_bytes)
         pending = None
         if put is not None:
             # Registered before sending: the ACK may arrive during the send's checkpoint.
-            pending = self._transfers.track(object_id, relay, put, request_id, sender, receiver)
+            settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
+            pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
         try:
             await self.send(self._process_of(receiver), make(ref.to_wire()))
         except BaseException:

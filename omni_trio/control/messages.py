@@ -36,6 +36,8 @@ __all__ = [
     "HeldReply",
     "HeldReport",
     "HeldRequest",
+    "Join",
+    "JoinSpec",
     "Ready",
     "Shutdown",
     "SlotRelease",
@@ -357,6 +359,24 @@ class Ready(ControlMessage):
 
     process: str = attrs.field(validator=_process_name)
     stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
+
+
+@message("join")
+@attrs.frozen
+class Join(ControlMessage):
+    """A ``manual`` worker → runner, over TCP: ``process`` is here, receiving at ``endpoint``."""
+
+    process: str = attrs.field(validator=_process_name)
+    endpoint: str = attrs.field(validator=_nonempty_str)
+    pid: int = attrs.field(validator=attrs.validators.instance_of(int))
+
+
+@message("join_spec")
+@attrs.frozen
+class JoinSpec(ControlMessage):
+    """Runner → a joined ``manual`` worker: its pickled WorkerSpec (opened only after the run's proof)."""
+
+    spec: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
 
 
 @message("stats_request")

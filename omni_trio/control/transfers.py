@@ -10,23 +10,33 @@ returns that arrive, and it fails a request through the ``fail_request`` it was 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import attrs
 import trio
 
-from omni_trio.comm.shm import ShmPut, ShmRelay
 from omni_trio.control import messages as m
 
 #: How long a sender waits for the receiver's ACK of one shared-memory transfer.
 ACK_TIMEOUT_S = 30.0
 
 
+class Relay(Protocol):
+    """What settles a transfer: a shared-memory relay, or the credits of ``tcp`` transfers."""
+
+    def settle(self, put: Any, success: bool, *, keep_credit: bool = False) -> bool:
+        """Finish ``put`` as its ACK says."""
+
+    def return_credit(self, target: str) -> None:
+        """Give back a credit ``settle`` kept."""
+
+
 @attrs.define(eq=False)
 class PendingTransfer:
     """One put of ``relay`` waiting for its ACK."""
 
-    relay: ShmRelay
-    put: ShmPut
+    relay: Relay
+    put: Any
     request_id: str
     sender: str
     receiver: str
@@ -39,7 +49,7 @@ class _HeldCredit:
     """A credit of ``relay`` for ``receiver`` that an ACK said the receiver holds until its scheduler
     takes the object (a :class:`~omni_trio.control.messages.CreditReturn` gives it back)."""
 
-    relay: ShmRelay
+    relay: Relay
     request_id: str
     sender: str
     receiver: str
@@ -64,7 +74,7 @@ class Transfers:
         self._held: dict[str, _HeldCredit] = {}
 
     def track(
-        self, object_id: str, relay: ShmRelay, put: ShmPut, request_id: str, sender: str, receiver: str
+        self, object_id: str, relay: Relay, put: object, request_id: str, sender: str, receiver: str
     ) -> PendingTransfer:
         """Register a put before its message is sent (the ACK may arrive during the send's checkpoint)."""
         pending = self._pending[object_id] = PendingTransfer(relay, put, request_id, sender, receiver)

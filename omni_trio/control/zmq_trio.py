@@ -23,17 +23,17 @@ concurrent receiver is serialised behind the receive lock, but message order
 between two receivers is then arbitrary). Any number of tasks may send; each
 ``send_multipart`` is atomic (libzmq delivers multipart messages whole).
 
-PUB/SUB slow joiner: a SUB socket only receives what is published *after* its
-subscription reached the publisher (connect + handshake + subscription
-forwarding, asynchronously). Messages published earlier are silently
-dropped, and a PUB socket drops at its high-water mark instead of blocking.
-:class:`TrioSocket` does nothing about it: the runtime performs a handshake
-(e.g. publish until every subscriber confirmed over its PUSH channel) before
-relying on the broadcast.
+The runtime uses PUSH/PULL only: a PUSH socket blocks at its high-water mark
+instead of dropping (aborts included, see :mod:`omni_trio.control.aborts`),
+where a PUB socket would drop.
 
 Endpoints are ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
 but there is a short window after ``bind`` with the umask's mode: create
-endpoints inside a private (0700) directory.
+endpoints inside a private (0700) directory. Between hosts they are
+``tcp://HOST:PORT`` (``tcp://HOST:*`` to bind any free port; the socket's
+:attr:`TrioSocket.source` then says which): only with a policy that has the
+run's :class:`~omni_trio.control.curve.Curve` (CURVE keys and ZAP, which
+refuse a peer without the run's key before any frame reaches us).
 
 Every socket of a run is built with the run's :class:`SocketPolicy`: its
 :class:`~omni_trio.control.auth.Authenticator` seals each message sent and
@@ -58,6 +58,7 @@ import trio
 import zmq
 
 from omni_trio.control.auth import Authenticator, Frame
+from omni_trio.control.curve import Curve
 from omni_trio.errors import MessageTooLarge, OmniTrioError
 
 __all__ = [
@@ -65,11 +66,9 @@ __all__ = [
     "EndpointPathTooLong",
     "SocketPolicy",
     "TrioSocket",
-    "bind_pub",
+    "bind_also",
     "bind_pull",
-    "bind_xpub",
     "connect_push",
-    "connect_sub",
     "ipc_endpoint",
 ]
 
@@ -86,10 +85,12 @@ class EndpointPathTooLong(OmniTrioError, ValueError):
 
 @attrs.frozen
 class SocketPolicy:
-    """What every socket of a run applies: the process's authenticator and the largest frame accepted."""
+    """What every socket of a run applies: the process's authenticator and the largest frame accepted;
+    for ``tcp://`` sockets, the run's CURVE keys (None: the run has none, and refuses TCP)."""
 
     auth: Authenticator
     max_message_bytes: int
+    curve: Curve | None = None
 
 
 @attrs.define(eq=False)
@@ -110,18 +111,14 @@ class TrioSocket:
     Receiving: one owning task (see module docstring). Sending: any task.
     ``close()`` wakes pending operations with ``trio.ClosedResourceError``.
     With a ``policy``, messages are sealed and checked (see the module
-    docstring; ``sealed_receives=False`` for an XPUB, whose receives are
-    libzmq's subscriptions) and ``source`` names the socket in reports;
+    docstring) and ``source`` names the socket in reports;
     without one (a bare socket, not one of a run) frames pass as they are.
     """
 
-    def __init__(
-        self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "",
-        sealed_receives: bool = True,
-    ) -> None:
+    def __init__(self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "") -> None:
         self._sock = socket
         self._auth = None if policy is None else policy.auth
-        self._opens = sealed_receives and self._auth is not None
+        self._opens = self._auth is not None
         self._max_frame = None if policy is None else policy.max_message_bytes
         self._source = source
         self._fd = int(socket.getsockopt(zmq.FD))
@@ -135,6 +132,11 @@ class TrioSocket:
     def socket(self) -> zmq.Socket[Any]:
         """The wrapped zmq socket (for setsockopt; do not send/recv on it directly)."""
         return self._sock
+
+    @property
+    def source(self) -> str:
+        """Where the socket is bound or connected (a path, or the ``tcp://`` endpoint)."""
+        return self._source
 
     @property
     def closed(self) -> bool:
@@ -347,70 +349,88 @@ def _new_socket(ctx: zmq.Context[Any], kind: int, policy: SocketPolicy, hwm: int
     return sock
 
 
-def _bind(
-    ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None, *, sealed_receives: bool
-) -> TrioSocket:
-    endpoint, fs_path = ipc_endpoint(path)
+def _curve(policy: SocketPolicy, endpoint: str) -> Curve:
+    if policy.curve is None:
+        raise ValueError(f"{endpoint}: tcp:// sockets need the run's CURVE keys (SocketPolicy.curve)")
+    return policy.curve
+
+
+#: ZMTP heartbeats on TCP connections: a peer that stops answering (its host is gone, the network
+#: is cut) is disconnected within about a second, which a dead process's closed socket tells at once.
+HEARTBEAT_IVL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1000
+
+
+#: What CURVE adds to each frame on the wire (the MESSAGE command's name, nonce, box and flags):
+#: libzmq checks ZMQ_MAXMSGSIZE on the encrypted frame, so TCP sockets allow this much more.
+CURVE_FRAME_OVERHEAD = 64
+
+
+def _tcp(sock: zmq.Socket[Any], policy: SocketPolicy) -> None:
+    sock.setsockopt(zmq.MAXMSGSIZE, policy.max_message_bytes + CURVE_FRAME_OVERHEAD)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def bind_also(ctx: zmq.Context[Any], sock: TrioSocket, endpoint: str, policy: SocketPolicy) -> str:
+    """Bind ``sock`` (already bound at its ipc path) also at the ``tcp://`` ``endpoint``, with CURVE;
+    return where (``tcp://HOST:*`` picks a free port).
+
+    libzmq takes a listener's options when it binds, so the ipc listener bound before keeps the
+    plain mechanism its same-host peers use, and only this TCP listener requires CURVE.
+    """
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"bind_also binds tcp:// endpoints, got {endpoint!r}")
+    _curve(policy, endpoint).serve(ctx, sock.socket)
+    _tcp(sock.socket, policy)
+    sock.socket.bind(endpoint)
+    return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _bind(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
+    tcp = os.fspath(path).startswith("tcp://")
+    endpoint, fs_path = (os.fspath(path), "") if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
     try:
-        sock.bind(endpoint)
-        # Only our user may connect (one more line of defence besides the run's proofs).
-        os.chmod(fs_path, 0o600)
+        if tcp:
+            _curve(policy, endpoint).serve(ctx, sock)
+            _tcp(sock, policy)
+            sock.bind(endpoint)
+            source = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            sock.bind(endpoint)
+            # Only our user may connect (one more line of defence besides the run's proofs).
+            os.chmod(fs_path, 0o600)
+            source = fs_path
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=fs_path, sealed_receives=sealed_receives)
+    return TrioSocket(sock, policy, source=source)
 
 
 def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
-    endpoint, fs_path = ipc_endpoint(path)
+    tcp = os.fspath(path).startswith("tcp://")
+    endpoint, source = (os.fspath(path),) * 2 if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
     try:
-        if kind == zmq.SUB:
-            sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if tcp:
+            _curve(policy, endpoint).client(sock)
+            _tcp(sock, policy)
         sock.connect(endpoint)
     except BaseException:
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=fs_path)
+    return TrioSocket(sock, policy, source=source)
 
 
 def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path``."""
-    return _bind(ctx, zmq.PULL, path, policy, hwm, sealed_receives=True)
+    """Bind a PULL socket (a stage's or the coordinator's inbox) at ``ipc://path`` (or a ``tcp://`` endpoint)."""
+    return _bind(ctx, zmq.PULL, path, policy, hwm)
 
 
 def connect_push(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Connect a PUSH socket to ``ipc://path`` (the peer may bind later)."""
+    """Connect a PUSH socket to ``ipc://path`` or a ``tcp://`` endpoint (the peer may bind later)."""
     return _connect(ctx, zmq.PUSH, path, policy, hwm)
 
 
-def bind_pub(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Bind a PUB socket (broadcast, e.g. Abort) at ``ipc://path``. Mind the slow joiner."""
-    return _bind(ctx, zmq.PUB, path, policy, hwm, sealed_receives=True)
-
-
-def bind_xpub(
-    ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None, verbose: bool = True
-) -> TrioSocket:
-    """Bind an XPUB socket: a PUB whose ``recv_multipart`` yields subscriptions.
-
-    Each subscription arrives as one frame ``b"\\x01" + topic`` (``b"\\x00" +
-    topic`` for an unsubscription). This is the building block of the slow
-    joiner handshake: a subscriber subscribes to a topic of its own last,
-    and once the publisher sees it, every earlier subscription of that
-    subscriber is in place too. ``verbose`` (XPUB_VERBOSE) reports every
-    subscription, not only the first one per topic. The socket is used by a
-    receiving task and publishing tasks at once, which TrioSocket supports.
-    Subscriptions come from libzmq and carry no proof: a topic that must
-    come from this run carries its own (:meth:`Authenticator.topic`).
-    """
-    sock = _bind(ctx, zmq.XPUB, path, policy, hwm, sealed_receives=False)
-    if verbose:
-        sock.socket.setsockopt(zmq.XPUB_VERBOSE, 1)
-    return sock
-
-
-def connect_sub(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
-    """Connect a SUB socket subscribed to everything to ``ipc://path``."""
-    return _connect(ctx, zmq.SUB, path, policy, hwm)

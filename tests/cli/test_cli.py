@@ -429,3 +429,21 @@ def test_run_shows_progress_on_a_terminal(tmp_path: Path, capsys: pytest.Capture
     assert cli.main(["run", str(path), "--input", "hello omni world", "--app-dir", str(ROOT)]) == 0
     err = capsys.readouterr().err
     assert "starting 4 stage(s)..." in err and "ready in" in err and "request finished in" in err
+
+
+def test_worker_refuses_a_bad_join_address_or_key_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from omni_trio.join import KeyFile
+
+    code, _, err = run_cli(capsys, "worker", "--join", "10.0.0.1:5", "--key", "k")
+    assert code == 2 and "--join takes the caller's tcp://HOST:PORT, got '10.0.0.1:5'" in err
+    bad = tmp_path / "bad.key"
+    bad.write_text("{}")
+    code, _, err = run_cli(capsys, "worker", "--join", "tcp://10.0.0.1:5", "--key", str(bad))
+    assert code == 2 and "not an omni-trio key file" in err
+    key = tmp_path / "p.key"
+    KeyFile(join="tcp://10.0.0.1:5", process="p", host="10.0.0.2", curve_public="x", curve_secret="SECRETKEY",
+            secret="00").write(key)
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert "SECRETKEY" not in repr(KeyFile.read(key)) and KeyFile.read(key).curve_secret == "SECRETKEY"
+    code, _, err = run_cli(capsys, "worker", "--join", "tcp://10.0.0.1:6", "--key", str(key))
+    assert code == 2 and "is not the address in the key file (tcp://10.0.0.1:5)" in err

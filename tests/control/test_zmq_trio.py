@@ -18,11 +18,8 @@ from omni_trio.control.zmq_trio import (
     EndpointPathTooLong,
     SocketPolicy,
     TrioSocket,
-    bind_pub,
     bind_pull,
-    bind_xpub,
     connect_push,
-    connect_sub,
     ipc_endpoint,
 )
 
@@ -111,59 +108,6 @@ async def test_send_blocks_at_hwm_and_resumes(ctx: zmq.Context[zmq.Socket[bytes]
         push.close()
 
 
-async def test_pub_sub_delivery_after_subscription(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
-    with trio.fail_after(10):
-        path = os.path.join(ipc_dir, "abort")
-        with bind_pub(ctx, path, POLICY) as pub, connect_sub(ctx, path, POLICY) as sub:
-            # Slow joiner: publish probes until the subscription has propagated.
-            subscribed = trio.Event()
-
-            async def prober() -> None:
-                while not subscribed.is_set():
-                    await pub.send_multipart([b"probe"])
-                    await trio.sleep(0.005)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(prober)
-                assert await sub.recv_multipart() == [b"probe"]
-                subscribed.set()
-            for i in range(100):
-                await pub.send_multipart([b"abort", b"r%d" % i])
-            got: list[list[bytes]] = []
-            while len(got) < 100:
-                frames = await sub.recv_multipart()
-                if frames != [b"probe"]:
-                    got.append(frames)
-            assert got == [[b"abort", b"r%d" % i] for i in range(100)]
-
-
-async def test_xpub_reports_subscriptions_while_publishing(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
-    with trio.fail_after(10):
-        path = os.path.join(ipc_dir, "xpub")
-        with bind_xpub(ctx, path, POLICY) as xpub:
-            subscriptions: list[bytes] = []
-            seen_ready = trio.Event()
-
-            async def watch() -> None:
-                while True:
-                    (frame,) = await xpub.recv_multipart()
-                    subscriptions.append(frame)
-                    if frame == b"\x01ready:p1":
-                        seen_ready.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch)
-                await trio.testing.wait_all_tasks_blocked()
-                with connect_sub(ctx, path, POLICY) as sub:
-                    sub.socket.setsockopt(zmq.SUBSCRIBE, b"ready:p1")  # handshake topic, last
-                    await seen_ready.wait()
-                    # The handshake proves the subscription is in place: nothing is lost.
-                    await xpub.send_multipart([b"abort", b"r1"])
-                    assert await sub.recv_multipart() == [b"abort", b"r1"]
-                nursery.cancel_scope.cancel()
-            assert subscriptions[0] == b"\x01" and subscriptions[-1] == b"\x01ready:p1"
-
-
 async def test_close_wakes_a_pending_recv(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         pull = bind_pull(ctx, os.path.join(ipc_dir, "closing"), POLICY)
@@ -245,7 +189,7 @@ async def test_cancelled_recv_loses_nothing(ctx: zmq.Context[zmq.Socket[bytes]],
 async def test_bound_socket_file_is_private(ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str) -> None:
     with trio.fail_after(10):
         path = os.path.join(ipc_dir, "private")
-        for bind in (bind_pull, bind_pub, bind_xpub):
+        for bind in (bind_pull,):
             with bind(ctx, path, POLICY):
                 mode = os.stat(path).st_mode
                 assert stat.S_ISSOCK(mode)
@@ -254,7 +198,7 @@ async def test_bound_socket_file_is_private(ctx: zmq.Context[zmq.Socket[bytes]],
 
 def test_ipc_path_too_long(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     long_path = "/tmp/" + "x" * 120
-    for helper in (bind_pull, connect_push, bind_pub, bind_xpub, connect_sub):
+    for helper in (bind_pull, connect_push):
         with pytest.raises(EndpointPathTooLong, match="limit is 99"):
             helper(ctx, long_path, POLICY)
     assert ipc_endpoint("ipc:///tmp/a") == ("ipc:///tmp/a", "/tmp/a")

@@ -1,0 +1,134 @@
+"""``python -m omni_trio.bench_tcp [--quick] [--json PATH]``: W1, W4 and W5 over TCP between two hosts.
+
+Two network namespaces joined by a veth pair (:mod:`omni_trio.netns`; root needed) stand for two
+hosts: the caller runs in one (``ip netns exec``), a ``manual`` worker in the other, joined over CURVE.
+The workloads are the bench's own (:mod:`omni_trio.bench`), placed so that the edges that cross a
+socket in the local bench cross the link instead (only the caller's process talks to a remote one):
+
+- ``W1-tcp``: the 2 no-op stages in the remote worker: caller -> s0 (TCP), s0 -> s1 (in-process),
+  s1 -> caller (TCP);
+- ``W4-tcp``: the tensor source in the caller's process, the sink in the remote worker: the tensor
+  crosses as zero-copy frames;
+- ``W5-tcp``: the talker in the caller's process streams to the remote vocoder, which forwards to the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+import trio
+
+from omni_trio import bench
+from omni_trio.config import PipelineConfig
+from omni_trio.netns import unavailable, veth_namespaces
+from omni_trio.processes import ProcessConfig
+
+__all__ = ["WORKLOADS", "main", "tcp_placed"]
+
+#: workload -> the stages that go to the remote worker.
+WORKLOADS = {"W1": {"s0", "s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
+_CONFIGS = {"W1": lambda q: bench.chain_config(2), "W4": lambda q: bench.tensor_config(),
+            "W5": lambda q: bench.stream_config(50 if q else 1000)}
+_RUNS = {"W1": bench.w1, "W4": bench.w4, "W5": bench.w5}
+#: How long one workload may take, start-up included.
+TIMEOUT_S = 600
+
+
+def tcp_placed(config: PipelineConfig, remote: set[str], main_host: str, far_host: str) -> PipelineConfig:
+    """``config`` with the ``remote`` stages in one ``manual`` process on ``far_host``, the others in the caller's."""
+    stages = [attrs.evolve(s, process="p_far" if s.name in remote else None) for s in config.stages]
+    processes = {"main": ProcessConfig(host=main_host), "p_far": ProcessConfig(launcher="manual", host=far_host)}
+    return attrs.evolve(config, stages=stages, processes=processes)
+
+
+def _inner(workload: str, quick: bool, main_host: str, far_host: str) -> None:
+    config = tcp_placed(_CONFIGS[workload](quick), WORKLOADS[workload], main_host, far_host)
+    result = trio.run(_RUNS[workload], quick, config)
+    print("RESULT", json.dumps(result), flush=True)
+
+
+def _forward_until(stream: IO[str], pattern: str, found: list[str], ready: threading.Event, seen: list[str]) -> None:
+    for line in stream:
+        seen.append(line)
+        if not found and (match := re.search(pattern, line)):
+            found.append(match.group(1))
+            ready.set()
+    ready.set()
+
+
+def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_ip: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = [sys.executable, "-m", "omni_trio.bench_tcp", "--inner", workload, near_ip, far_ip]
+    caller = subprocess.Popen(
+        ["ip", "netns", "exec", near, *argv, *(["--quick"] if quick else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert caller.stderr is not None and caller.stdout is not None
+    command: list[str] = []
+    seen: list[str] = []
+    ready = threading.Event()
+    pattern = r"command='(omni-trio worker [^']*)'"
+    reader = threading.Thread(target=_forward_until, args=(caller.stderr, pattern, command, ready, seen), daemon=True)
+    reader.start()
+    worker = None
+    try:
+        if not ready.wait(TIMEOUT_S) or not command:
+            raise RuntimeError(f"{workload}: the caller did not wait for a worker")
+        join, key = command[0].split()[3], command[0].split()[5]
+        worker = subprocess.Popen(
+            ["ip", "netns", "exec", far, sys.executable, "-m", "omni_trio", "worker", "--join", join, "--key", key],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )
+        out, _ = caller.communicate(timeout=TIMEOUT_S)
+        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+        if caller.returncode != 0 or line is None:
+            reader.join(5)
+            tail = "".join(seen[-15:])
+            raise RuntimeError(f"{workload}: the caller exited with {caller.returncode}:\n{tail}")
+        result: dict[str, Any] = json.loads(line[len("RESULT "):])
+        return result
+    finally:
+        for proc in (caller, worker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the TCP rows; print them and write them to ``--json``."""
+    parser = argparse.ArgumentParser(prog="python -m omni_trio.bench_tcp", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts")
+    parser.add_argument("--json", default="out/bench-tcp.json", metavar="PATH", help="where to write the results")
+    parser.add_argument("--inner", nargs=3, metavar=("WORKLOAD", "MAIN_HOST", "FAR_HOST"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.inner:
+        _inner(args.inner[0], args.quick, args.inner[1], args.inner[2])
+        return 0
+    reason = unavailable()
+    if reason is not None:
+        print(f"bench_tcp: {reason}", file=sys.stderr)
+        return 2
+    results: dict[str, dict[str, Any]] = {}
+    with veth_namespaces(f"b{os.getpid() % 10_000}") as hosts:
+        for workload in WORKLOADS:
+            results[f"{workload}-tcp"] = _run_one(
+                workload, args.quick, hosts.near, hosts.near_ip, hosts.far, hosts.far_ip
+            )
+            print(f"{workload}-tcp", json.dumps(results[f"{workload}-tcp"]), flush=True)
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"quick": args.quick, "load": os.getloadavg(), "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""Where process groups run: the ``processes`` table of a pipeline config (issue #16).
+
+``PipelineConfig.processes`` maps a process group's name (a stage's ``process``, or ``"main"`` for
+the caller's own process) to a :class:`ProcessConfig`: which launcher starts it and on which host it
+lives. A group not listed keeps today's behaviour: a child process of the caller, on its host, over
+``ipc://`` sockets and shared memory.
+
+Two processes are on the same host when their ``host`` values are equal; a group without a ``host``
+is on the caller's host (``processes["main"].host``). That, not whether ``/dev/shm`` happens to be
+reachable, decides the transport of an edge: network namespaces on one machine share ``/dev/shm``
+but not their loopback interfaces.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from typing import Any
+
+import attrs
+
+from omni_trio.errors import ConfigProblem
+
+__all__ = ["LAUNCHERS", "ProcessConfig", "edge_problems", "host_of", "processes_problems"]
+
+#: What may start a process group: a child process here, a Ray actor, or a person / orchestrator.
+LAUNCHERS = ("local", "ray", "manual")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+
+
+@attrs.frozen
+class ProcessConfig:
+    """One process group's placement.
+
+    ``launcher``: ``"local"`` (a child process of the caller, today's behaviour), ``"manual"``
+    (``open_pipeline`` waits for ``omni-trio worker --join ...`` started by hand or by an
+    orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.ray_launch`). ``host``: the address the process binds its
+    control socket on and peers connect to (an IP address or a host name, no port); ``None``: the
+    caller's host. ``resources`` and ``ray_address`` are for the ``ray`` launcher.
+    """
+
+    launcher: str = "local"
+    host: str | None = None
+    resources: dict[str, float] = attrs.field(factory=dict)
+    ray_address: str | None = None
+
+
+def host_of(processes: dict[str, ProcessConfig], process: str) -> str | None:
+    """The host ``process`` (a group or a replica's name) lives on; None: the caller's, without a TCP address."""
+    group = process.split("@r", 1)[0]
+    entry = processes.get(group)
+    if entry is not None and entry.launcher == "ray":
+        # Ray decides where it lands: never assumed to share a host (nor /dev/shm) with anyone.
+        return f"ray:{group}"
+    if entry is not None and entry.host is not None:
+        return entry.host
+    main = processes.get("main")
+    return None if main is None else main.host
+
+
+def _host_problem(at: str, host: object) -> ConfigProblem | None:
+    if host is None:
+        return None
+    if isinstance(host, str):
+        try:
+            ipaddress.ip_address(host)
+            return None
+        except ValueError:
+            if _HOSTNAME.fullmatch(host):
+                return None
+    return ConfigProblem(
+        at, f"expected an IP address or a host name without scheme or port (e.g. '10.0.0.2'), got {host!r}"
+    )
+
+
+def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, dict[str, Any]]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    launcher = entry.launcher
+    if launcher not in LAUNCHERS:
+        problems.append(ConfigProblem(f"{at}.launcher", f"expected one of {list(LAUNCHERS)}, got {launcher!r}"))
+    host = _host_problem(f"{at}.host", entry.host)
+    if host is not None:
+        problems.append(host)
+    if name == "main" and launcher != "local":
+        problems.append(ConfigProblem(f"{at}.launcher", "'main' is the caller's own process: its launcher is 'local'"))
+    if launcher == "manual" and entry.host is None:
+        problems.append(ConfigProblem(f"{at}.host", "a 'manual' process needs the host it binds on"))
+    if launcher == "ray" and entry.host is not None:
+        problems.append(ConfigProblem(f"{at}.host", "a 'ray' process binds on the node Ray places it on; remove host"))
+    if launcher in ("manual", "ray"):
+        group = groups.get(name, {})
+        if group.get("replicas", 1) != 1:
+            problems.append(ConfigProblem(at, f"a {launcher!r} process group cannot be replicated yet; set replicas=1"))
+        if group.get("restart", "never") != "never":
+            problems.append(
+                ConfigProblem(
+                    at, f"restarting a {launcher!r} worker is not built yet; set restart='never' on its stages"
+                )
+            )
+    if launcher != "ray":
+        for field in ("resources", "ray_address"):
+            if getattr(entry, field):
+                problems.append(ConfigProblem(f"{at}.{field}", f"{field} is only used by the 'ray' launcher"))
+    if not isinstance(entry.resources, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        for k, v in entry.resources.items()
+    ):
+        problems.append(ConfigProblem(f"{at}.resources", f"expected a table of resource name -> amount > 0, "
+                                      f"got {entry.resources!r}"))
+    return problems
+
+
+def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> list[ConfigProblem]:
+    """Every problem of a ``processes`` table; ``groups`` maps each process group of the stages to its
+    group settings (``replicas``, ``restart``)."""
+    if not isinstance(processes, dict):
+        return [ConfigProblem("processes", f"expected a table of process name -> ProcessConfig, got {processes!r}")]
+    problems: list[ConfigProblem] = []
+    known = {"main", *groups}
+    for name, entry in processes.items():
+        at = f"processes[{name!r}]"
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(ConfigProblem(at, f"{name!r} is not a process of any stage (nor 'main'){hint}"))
+            continue
+        if not isinstance(entry, ProcessConfig):
+            problems.append(ConfigProblem(at, f"expected a ProcessConfig, got {type(entry).__name__}"))
+            continue
+        problems += _entry_problems(at, name, entry, groups)
+    remote = [
+        name for name, entry in processes.items()
+        if isinstance(entry, ProcessConfig) and (entry.host or entry.launcher == "ray")
+    ]
+    main = processes.get("main")
+    main_host = main.host if isinstance(main, ProcessConfig) else None
+    if remote and main_host is None:
+        problems.append(
+            ConfigProblem(
+                "processes['main'].host",
+                f"{remote[0]!r} is on a host of its own, so the caller needs one too: the address it binds on "
+                "and workers on other hosts connect to",
+            )
+        )
+    return problems
+
+
+def edge_problems(processes: dict[str, ProcessConfig], edges: list[tuple[str, str, str, str]]) -> list[ConfigProblem]:
+    """Edges this version cannot carry: ``edges`` are ``(path, from_process, to_process, to_stage)``.
+
+    A process on another host than the caller exchanges messages with the caller's process and over
+    its own; TCP between two worker processes (of which one would have to learn the other's port) is
+    not built yet.
+    """
+    if not isinstance(processes, dict) or not all(isinstance(p, ProcessConfig) for p in processes.values()):
+        return []
+    main = host_of(processes, "main")
+    problems = []
+    for path, source, target, stage in edges:
+        if source == target or "main" in (source, target):
+            continue
+        if host_of(processes, source) != main or host_of(processes, target) != main:
+            problems.append(
+                ConfigProblem(
+                    path,
+                    f"{stage!r} is in process {target!r} and this stage in {source!r}: an edge between two worker "
+                    "processes of which one is on another host than the caller is not built yet; place one of "
+                    "the two stages in the caller's process (process=None) or in the same process",
+                )
+            )
+    return problems

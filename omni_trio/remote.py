@@ -1,0 +1,44 @@
+"""Workers the runtime does not start as its own children: the ``manual`` and ``ray`` launchers.
+
+:class:`RemoteWorkers` is what the supervisor calls for a process group placed with one of them
+(``PipelineConfig.processes``): it returns a :class:`~omni_trio.join.RemoteProcess` standing for the
+worker, which joins the run over TCP (:mod:`omni_trio.join`); a ``ray`` worker's actor is started
+here (:mod:`omni_trio.ray_launch`) and killed when the worker is given up or the run stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from omni_trio.control.endpoint import Endpoint
+from omni_trio.join import ManualWorkers, RemoteProcess
+from omni_trio.processes import ProcessConfig
+from omni_trio.ray_launch import RayLauncher
+
+__all__ = ["RemoteWorkers"]
+
+
+class RemoteWorkers:
+    """The ``manual`` and ``ray`` workers of one run (``make_spec(process)``: a joined worker's spec)."""
+
+    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str], object], key_dir: Path) -> None:
+        self._manual = ManualWorkers(endpoint, make_spec, key_dir)
+        self._ray = RayLauncher()
+
+    async def start(self, process: str, placement: ProcessConfig, nursery: trio.Nursery) -> RemoteProcess:
+        """Have ``process`` started its ``placement``'s way; the stand-in for it until it joins and after."""
+        if placement.launcher == "manual":
+            assert placement.host is not None  # validated
+            key = self._manual.key(process, placement.host)
+            return self._manual.expect(process, nursery, key_file=key)
+        remote = self._manual.expect(process, nursery, on_kill=lambda: self._ray.kill(process))
+        # A Ray worker binds on the node Ray places it on: it fills in its host there.
+        await self._ray.start(process, placement, self._manual.key(process, ""))
+        return remote
+
+    async def close(self) -> None:
+        """Kill what is left of the run's Ray actors."""
+        await self._ray.close()

@@ -1,0 +1,141 @@
+"""The ``processes`` table: launchers and hosts, validated with every problem's path (issue #16)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import omni_trio as ot
+from omni_trio.configfile import config_from_dict
+from omni_trio.processes import host_of
+from tests.placement import stage
+
+
+def _stages() -> list[ot.StageConfig]:
+    return [
+        stage("a", "create_append", process="front", next="m"),
+        stage("m", "create_append", next="b"),
+        stage("b", "create_append", process="back", terminal=True),
+    ]
+
+
+def problems_of(processes: object) -> list[str]:
+    with pytest.raises(ot.ConfigError) as info:
+        ot.PipelineConfig(stages=_stages(), processes=processes)  # type: ignore[arg-type]
+    return [str(problem) for problem in info.value.problems]
+
+
+def test_groups_not_listed_keep_todays_placement() -> None:
+    config = ot.PipelineConfig(stages=_stages())
+    assert config.processes == {}
+    assert host_of(config.processes, "back") is None
+
+
+def test_a_manual_group_on_another_host() -> None:
+    processes = {
+        "main": ot.ProcessConfig(host="10.231.0.1"),
+        "back": ot.ProcessConfig(launcher="manual", host="10.231.0.2"),
+    }
+    config = ot.PipelineConfig(stages=_stages(), processes=processes)
+    assert host_of(config.processes, "back") == "10.231.0.2"
+    # A group without a host lives with the caller.
+    assert host_of(config.processes, "front") == "10.231.0.1"
+    assert host_of(config.processes, "main") == "10.231.0.1"
+
+
+def test_every_problem_with_its_path() -> None:
+    problems = problems_of(
+        {
+            "bakc": ot.ProcessConfig(),
+            "front": ot.ProcessConfig(launcher="docker", host="tcp://x:5"),
+            "back": ot.ProcessConfig(launcher="manual", resources={"GPU": 1}),
+        }
+    )
+    assert problems == [
+        "processes['bakc']: 'bakc' is not a process of any stage (nor 'main'); did you mean 'back'?",
+        "processes['front'].launcher: expected one of ['local', 'ray', 'manual'], got 'docker'",
+        "processes['front'].host: expected an IP address or a host name without scheme or port (e.g. "
+        "'10.0.0.2'), got 'tcp://x:5'",
+        "processes['back'].host: a 'manual' process needs the host it binds on",
+        "processes['back'].resources: resources is only used by the 'ray' launcher",
+        "processes['main'].host: 'front' is on a host of its own, so the caller needs one too: the address it "
+        "binds on and workers on other hosts connect to",
+    ]
+
+
+def test_a_ray_group_is_placed_by_ray_never_on_a_shared_host() -> None:
+    processes = {
+        "main": ot.ProcessConfig(host="10.0.0.1"),
+        "back": ot.ProcessConfig(launcher="ray", resources={"GPU": 1}, ray_address="ray://head:10001"),
+    }
+    config = ot.PipelineConfig(stages=_stages(), processes=processes)
+    assert host_of(config.processes, "back") not in (None, "10.0.0.1")  # its edges are TCP
+    assert problems_of({"back": ot.ProcessConfig(launcher="ray", host="10.0.0.2")}) == [
+        "processes['back'].host: a 'ray' process binds on the node Ray places it on; remove host",
+        "processes['main'].host: 'back' is on a host of its own, so the caller needs one too: the address it "
+        "binds on and workers on other hosts connect to",
+    ]
+
+
+def test_main_and_manual_rules() -> None:
+    stages = [
+        stage("a", "create_append", next="b"),
+        stage("b", "create_append", process="back", terminal=True, restart="on-failure", replicas=2),
+    ]
+    with pytest.raises(ot.ConfigError) as info:
+        ot.PipelineConfig(
+            stages=stages,
+            processes={
+                "main": ot.ProcessConfig(launcher="manual", host="h1"),
+                "back": ot.ProcessConfig(launcher="manual", host="h2", resources={"x": -1}),
+            },
+        )
+    assert [str(p) for p in info.value.problems] == [
+        "processes['main'].launcher: 'main' is the caller's own process: its launcher is 'local'",
+        "processes['back']: a 'manual' process group cannot be replicated yet; set replicas=1",
+        "processes['back']: restarting a 'manual' worker is not built yet; set restart='never' on its stages",
+        "processes['back'].resources: resources is only used by the 'ray' launcher",
+        "processes['back'].resources: expected a table of resource name -> amount > 0, got {'x': -1}",
+    ]
+
+
+def test_processes_in_a_config_file(tmp_path: Path) -> None:
+    data = {
+        "stages": [
+            {"name": "a", "factory_path": "tests.stages.create_append", "process": "front", "next": "m"},
+            {"name": "m", "factory_path": "tests.stages.create_append", "next": "b"},
+            {"name": "b", "factory_path": "tests.stages.create_append", "process": "back", "terminal": True},
+        ],
+        "processes": {
+            "main": {"host": "10.231.0.1"},
+            "back": {"launcher": "manual", "host": "10.231.0.2"},
+        },
+    }
+    config = config_from_dict(data)
+    assert config.processes["back"] == ot.ProcessConfig(launcher="manual", host="10.231.0.2")
+    for suffix in (".toml", ".json"):
+        path = tmp_path / f"p{suffix}"
+        config.to_file(path)
+        assert ot.load_config(path) == config
+    with pytest.raises(ot.ConfigError) as info:
+        config_from_dict({**data, "processes": {"back": {"launcher": "manual", "hots": "x"}}})
+    assert any("processes" in p.path and "hots" in p.message for p in info.value.problems)
+
+
+def test_an_edge_between_workers_across_hosts_is_refused_until_built() -> None:
+    stages = [
+        stage("a", "create_append", next="b"),
+        stage("b", "create_append", process="local", next="c"),
+        stage("c", "create_append", process="far", terminal=True),
+    ]
+    with pytest.raises(ot.ConfigError) as info:
+        ot.PipelineConfig(
+            stages=stages,
+            processes={"main": ot.ProcessConfig(host="h1"), "far": ot.ProcessConfig(launcher="manual", host="h2")},
+        )
+    assert [str(p) for p in info.value.problems] == [
+        "stages[1].next: 'c' is in process 'far' and this stage in 'local': an edge between two worker processes "
+        "of which one is on another host than the caller is not built yet; place one of the two stages in the "
+        "caller's process (process=None) or in the same process"
+    ]

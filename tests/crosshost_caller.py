@@ -1,0 +1,106 @@
+"""The caller of the cross-host tests, run in its own network namespace: ``python -m
+tests.crosshost_caller SCENARIO MAIN_HOST FAR_HOST [TRACE]``.
+
+It opens a pipeline with one ``manual`` process group on FAR_HOST (the test starts that worker in
+the other namespace, from the command the runtime logs) and prints what the test checks, one
+``KEY value`` line each: ``READY``, ``RESULT <json>``, ``REFUSED <json>``, ``FAILED <error> <time>``
+(``time.monotonic()``: one clock for every namespace of the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import attrs
+import trio
+
+import omni_trio as ot
+from examples.ch4_fanin import make_config
+
+M = "tests.crosshost_stages"
+
+
+def _say(key: str, value: Any = "") -> None:
+    print(key, value if isinstance(value, str) else json.dumps(value), flush=True)
+
+
+def fanin_config(main_host: str, far_host: str) -> ot.PipelineConfig:
+    """The chapter's fan-in with ``upper`` on the far host and ``count`` in a local worker."""
+    base = make_config("embedded")
+    places = {"upper": "p_upper", "count": "p_count"}
+    return attrs.evolve(
+        base,
+        stages=[attrs.evolve(s, process=places.get(s.name)) for s in base.stages],
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_upper": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
+    )
+
+
+def tensor_config(main_host: str, far_host: str, far_factory: str = "create_scale") -> ot.PipelineConfig:
+    """``make`` -> (``far`` on the far host, ``near`` in a local worker) -> ``join``, 4 MiB tensors on every edge."""
+    far_kwargs = {"factor": 2.0} if far_factory == "create_scale" else {}
+    return ot.PipelineConfig(
+        entry_stage="make",
+        stages=[
+            ot.StageConfig(name="make", factory_path=f"{M}.create_make", next=["far", "near"]),
+            ot.StageConfig(name="far", process="p_far", factory_path=f"{M}.{far_factory}", factory=far_kwargs,
+                           next="join"),
+            ot.StageConfig(name="near", process="p_near", factory_path=f"{M}.create_scale", factory={"factor": 3.0},
+                           next="join"),
+            ot.StageConfig(name="join", factory_path=f"{M}.create_join", wait_for=["far", "near"],
+                           merge_fn=f"{M}.merge", terminal=True),
+        ],
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_far": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
+    )
+
+
+async def fanin(main_host: str, far_host: str) -> None:
+    results: dict[int, object] = {}
+    async with ot.open_pipeline(fanin_config(main_host, far_host), start_timeout=30) as pipeline:
+        _say("READY")
+
+        async def submit(index: int, text: str) -> None:
+            results[index] = await pipeline.submit(f"r{index}", text)
+
+        async with trio.open_nursery() as nursery:
+            for index, text in enumerate(["hello omni world", "stage by stage"]):
+                nursery.start_soon(submit, index, text)
+        _say("REFUSED", (await pipeline.stats()).refused_frames)
+    _say("RESULT", [str(results[index]) for index in sorted(results)])
+
+
+async def tensors(main_host: str, far_host: str) -> None:
+    async with ot.open_pipeline(tensor_config(main_host, far_host), start_timeout=30) as pipeline:
+        _say("READY")
+        result = [await pipeline.submit(f"r{i}", "x", params={"numel": 1 << 20}) for i in range(3)]
+        _say("REFUSED", (await pipeline.stats()).refused_frames)
+    _say("RESULT", result)
+
+
+async def killed(main_host: str, far_host: str) -> None:
+    try:
+        async with ot.open_pipeline(tensor_config(main_host, far_host, "create_block"), start_timeout=30) as pipeline:
+            _say("READY")
+            await pipeline.submit("r0", "x", params={"numel": 1 << 20})
+    except Exception as exc:  # noqa: BLE001 - what the test checks
+        _say("FAILED", f"{type(exc).__name__} {time.monotonic()!r}")
+        return
+    _say("RESULT", "the request did not fail")
+
+
+def main() -> None:
+    """Run one scenario."""
+    scenario, main_host, far_host = sys.argv[1:4]
+    trio.run({"fanin": fanin, "tensors": tensors, "killed": killed}[scenario], main_host, far_host)
+
+
+if __name__ == "__main__":
+    main()

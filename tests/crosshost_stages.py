@@ -1,0 +1,78 @@
+"""Stages of the cross-host tests: tensors big enough for shared memory (or TCP) on every edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_trio import SimpleScheduler, StagePayload
+
+
+def create_make(numel: int = 1 << 20) -> SimpleScheduler:
+    """``{"t": arange(numel)}`` (float32; 4 MiB by default)."""
+    import torch
+
+    def fn(payload: StagePayload) -> StagePayload:
+        n = int(payload.request.params.get("numel", numel))
+        payload.data = {"t": torch.arange(n, dtype=torch.float32)}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
+    """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id);
+    a request with the ``block`` param is held forever."""
+    import os
+    import threading
+
+    node = None
+    if ray_node:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+
+    def fn(payload: StagePayload) -> StagePayload:
+        if payload.request.params.get("block"):  # hold the request until the process dies
+            threading.Event().wait()
+        payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid(), "node": node}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def merge(inputs: dict[str, StagePayload]) -> StagePayload:
+    """The sources' tensors side by side, with the pid of each."""
+    first = next(iter(inputs.values()))
+    first.data = {name: payload.data for name, payload in sorted(inputs.items())}
+    return first
+
+
+def create_join() -> SimpleScheduler:
+    """Each source's tensor sum and length (a result that compares exactly across runs)."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        data: dict[str, Any] = payload.data
+        payload.data = {
+            name: {
+                "sum": float(part["t"].double().sum()), "numel": int(part["t"].numel()), "pid": part["pid"],
+                "node": part["node"],
+            }
+            for name, part in data.items()
+        }
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_block() -> SimpleScheduler:
+    """Says ``BLOCKING`` on stderr, then never returns (until its process dies): a request held by a
+    remote worker."""
+    import sys
+    import time
+
+    def fn(payload: StagePayload) -> StagePayload:
+        print("BLOCKING", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+
+    return SimpleScheduler(fn)

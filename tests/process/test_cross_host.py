@@ -1,0 +1,257 @@
+"""Across hosts (issue #16): a caller in one network namespace, a ``manual`` worker in another.
+
+The namespaces are joined by a veth pair the test creates (addresses inside the namespaces only,
+10.231.N.1 and .2 of a /30; the host's interfaces and routes are not touched) and removes, with
+every process in them, even when a test fails. Real processes, real CURVE over real TCP, real
+shared memory on the same-namespace edges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from examples.ch4_fanin import run_experiment
+from omni_trio.netns import Namespaces, run_ip, unavailable, veth_namespaces
+from omni_trio.tracing import read_trace
+from tests.process.helpers import shm_segments
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+#: The two "hosts" of the tests.
+Hosts = Namespaces
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Hosts]:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with veth_namespaces(str(os.getpid() % 100_000)) as namespaces:
+        yield namespaces
+
+
+class Proc:
+    """A process in a namespace, its output read line by line."""
+
+    def __init__(self, process: trio.Process, nursery: trio.Nursery) -> None:
+        self.process = process
+        self.lines: dict[str, list[str]] = {"out": [], "err": []}
+        self._changed = trio.Event()
+        assert process.stdout is not None and process.stderr is not None
+        nursery.start_soon(self._read, process.stdout, "out")
+        nursery.start_soon(self._read, process.stderr, "err")
+
+    async def _read(self, stream: trio.abc.ReceiveStream, name: str) -> None:
+        pending = b""
+        async for chunk in stream:
+            pending += chunk
+            *done, pending = pending.split(b"\n")
+            self.lines[name] += [line.decode(errors="replace") for line in done]
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def line(self, name: str, pattern: str) -> re.Match[str]:
+        """The first line of ``name`` (out, err) that ``pattern`` matches (waits for it)."""
+        seen = 0
+        while True:
+            for line in self.lines[name][seen:]:
+                match = re.search(pattern, line)
+                if match is not None:
+                    return match
+            seen = len(self.lines[name])
+            await self._changed.wait()
+
+    def said(self, key: str) -> str:
+        """The value of the caller's ``KEY value`` line."""
+        return next(line[len(key) + 1 :] for line in self.lines["out"] if line.startswith(key + " "))
+
+
+@attrs.define
+class Scratch:
+    """The subprocesses' TMPDIR, and whether one of them had to be killed (it may have left shared memory)."""
+
+    path: Path
+    killed: bool = False
+
+
+@contextlib.asynccontextmanager
+async def in_namespace(namespace: str, argv: list[str], tmp: Scratch, **env: str) -> AsyncIterator[Proc]:
+    """Run ``argv`` in ``namespace`` (its temporary files under ``tmp``); kill it on the way out."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp.path), **env}
+    async with trio.open_nursery() as nursery:
+        process = await trio.lowlevel.open_process(
+            ["ip", "netns", "exec", namespace, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            cwd=str(REPO),
+        )
+        try:
+            yield Proc(process, nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(20):
+                    await process.wait()
+                if process.returncode is None:
+                    tmp.killed = True
+                    process.kill()
+                    await process.wait()
+
+
+@pytest.fixture
+def tmp_dir() -> Iterator[Scratch]:
+    """The subprocesses' TMPDIR, removed with what a killed process left there; and the shared memory
+    that appeared meanwhile if a process had to be killed (a caller that exits removes its own)."""
+    before = shm_segments()
+    scratch = Scratch(Path(tempfile.mkdtemp(prefix="ot-xhost-", dir="/tmp")))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch.path, ignore_errors=True)
+        for name in shm_segments() - before if scratch.killed else ():
+            with contextlib.suppress(OSError):
+                os.unlink(Path("/dev/shm") / name)
+
+
+#: A peer in the worker's namespace that tries the caller's join address without the run's key pair
+#: (argv: join address, key file, "none" or "wrong"), sends frames, and says how libzmq refused it.
+_INTRUDER = """
+import json, sys, zmq
+from zmq.utils.monitor import recv_monitor_message
+join, key, how = sys.argv[1:4]
+ctx = zmq.Context()
+sock = ctx.socket(zmq.PUSH)
+sock.linger = 0
+if how == "wrong":  # knows the caller's public key (not a secret), presents a key pair of its own
+    sock.curve_serverkey = json.load(open(key))["curve_public"].encode()
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+monitor = sock.get_monitor_socket()
+sock.connect(join)
+for _ in range(3):
+    sock.send_multipart([b"data_ready", b"\\x80" * 64, b"forged-proof"], zmq.NOBLOCK)
+failed = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+monitor.rcvtimeo = 10_000
+while True:
+    event = recv_monitor_message(monitor)["event"]
+    if event & (failed | zmq.EVENT_DISCONNECTED):
+        print("REFUSED", zmq.Event(event).name, flush=True)
+        break
+"""
+
+
+async def _start_worker(caller: Proc, hosts: Hosts, tmp: Scratch) -> contextlib.AbstractAsyncContextManager[Proc]:
+    match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'")
+    join, key = match.groups()
+    assert join.startswith(f"tcp://{hosts.near_ip}:")
+    assert os.stat(key).st_mode & 0o777 == 0o600
+    return in_namespace(hosts.far, [sys.executable, "-m", "omni_trio", "worker", "--join", join, "--key", key], tmp)
+
+
+def _caller(scenario: str, hosts: Hosts, *more: str) -> list[str]:
+    return [sys.executable, "-m", "tests.crosshost_caller", scenario, hosts.near_ip, hosts.far_ip, *more]
+
+
+async def test_the_chapters_fan_in_across_namespaces_matches_the_local_run(hosts: Hosts, tmp_dir: Scratch) -> None:
+    expected = await run_experiment("embedded")
+    with trio.fail_after(60):
+        async with in_namespace(hosts.near, _caller("fanin", hosts), tmp_dir) as caller:
+            async with await _start_worker(caller, hosts, tmp_dir) as worker:
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+            assert worker.process.returncode == 0, worker.lines["err"][-20:]
+    assert json.loads(caller.said("RESULT")) == expected
+    assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_count": 0, "p_upper": 0}
+
+
+async def test_peers_without_the_runs_key_are_refused_before_any_frame(hosts: Hosts, tmp_dir: Scratch) -> None:
+    expected = await run_experiment("embedded")
+    with trio.fail_after(60):
+        async with in_namespace(hosts.near, _caller("fanin", hosts), tmp_dir) as caller:
+            match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'")
+            join, key = match.groups()
+            refusals = {}
+            for how in ("none", "wrong"):
+                async with in_namespace(hosts.far, [sys.executable, "-c", _INTRUDER, join, key, how], tmp_dir) as peer:
+                    refusals[how] = (await peer.line("out", r"^REFUSED (\S+)")).group(1)
+            await caller.line("err", r"curve_peer_refused .*refused=1")  # the caller's ZAP handler, for "wrong"
+            async with await _start_worker(caller, hosts, tmp_dir):
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+    # Both were dropped by libzmq (the wrong key by the ZAP handler): the run's proof check, which
+    # counts every message it sees without a valid proof, saw none of their frames.
+    assert refusals["wrong"] == "HANDSHAKE_FAILED_AUTH", refusals
+    assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_count": 0, "p_upper": 0}
+    assert json.loads(caller.said("RESULT")) == expected
+
+
+async def test_tensors_go_over_tcp_across_namespaces_and_shm_within(hosts: Hosts, tmp_dir: Scratch) -> None:
+    trace = tmp_dir.path / "run.jsonl"
+    with trio.fail_after(60):
+        async with in_namespace(hosts.near, _caller("tensors", hosts), tmp_dir, OMNI_TRIO_TRACE=str(trace)) as caller:
+            async with await _start_worker(caller, hosts, tmp_dir) as worker:
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+    n = 1 << 20
+    arange_sum = n * (n - 1) / 2
+    results = json.loads(caller.said("RESULT"))
+    assert [(r["far"]["sum"], r["near"]["sum"], r["far"]["numel"]) for r in results] == [
+        (2 * arange_sum, 3 * arange_sum, n)
+    ] * 3
+    assert results[0]["far"]["pid"] == worker.process.pid  # ip netns exec execs the worker itself
+    edges = {
+        (e["from_stage"], e["to_stage"]): e["transport"]
+        for e in read_trace(trace)
+        if e.get("event") == "comm_payload_send"
+    }
+    assert edges == {("make", "far"): "tcp", ("far", "join"): "tcp", ("make", "near"): "shm", ("near", "join"): "shm"}
+    assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_far": 0, "p_near": 0}
+
+
+async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts: Hosts, tmp_dir: Scratch) -> None:
+    with trio.fail_after(60):
+        async with (
+            in_namespace(hosts.near, _caller("killed", hosts), tmp_dir) as caller,
+            await _start_worker(caller, hosts, tmp_dir) as worker,
+        ):
+            await worker.line("err", "BLOCKING")
+            killed_at = time.monotonic()
+            worker.process.kill()
+            await caller.line("out", "^FAILED ")
+    error, at = caller.said("FAILED").split()
+    assert error == "StageProcessDied"
+    print(f"\nFIGURES kill_to_failure_s={float(at) - killed_at:.3f}")
+    assert float(at) - killed_at < 1.0, caller.lines["err"][-20:]
+
+
+async def test_a_cut_link_fails_the_remote_workers_request_through_heartbeats(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # No process dies and no socket closes: only ZMTP heartbeats (every 250 ms, 1 s timeout) tell.
+    try:
+        with trio.fail_after(60):
+            async with (
+                in_namespace(hosts.near, _caller("killed", hosts), tmp_dir) as caller,
+                await _start_worker(caller, hosts, tmp_dir) as worker,
+            ):
+                await worker.line("err", "BLOCKING")
+                cut_at = time.monotonic()
+                run_ip("-n", hosts.far, "link", "set", hosts.far, "down")
+                await caller.line("out", "^FAILED ")
+                # The worker notices too, and exits by itself.
+                await worker.line("err", "the connection to the caller dropped; exiting")
+    finally:
+        run_ip("-n", hosts.far, "link", "set", hosts.far, "up")
+    error, at = caller.said("FAILED").split()
+    assert error == "StageProcessDied"
+    print(f"\nFIGURES cut_to_failure_s={float(at) - cut_at:.3f}")
+    assert float(at) - cut_at < 2.0, caller.lines["err"][-20:]

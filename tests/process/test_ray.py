@@ -1,0 +1,109 @@
+"""The ``ray`` launcher (issue #16): workers in Ray actors on a two-node cluster on this machine.
+
+One cluster for the module (``ray.cluster_utils.Cluster``; each node has a custom resource naming it).
+Ray groups are never assumed to share a host, so the edges to them are TCP although the two nodes
+share /dev/shm here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import omni_trio as ot
+from omni_trio.tracing import read_trace
+
+ray = pytest.importorskip("ray", reason="the ray launcher's tests need Ray: pip install 'omni-trio[ray]'")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+M = "tests.crosshost_stages"
+
+
+def _worker_dirs() -> set[Path]:
+    """The private directories of joined workers (a killed one cannot remove its own)."""
+    return {*Path(tempfile.gettempdir()).glob("omnitrio-p_a-*"), *Path(tempfile.gettempdir()).glob("omnitrio-p_b-*")}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    before = _worker_dirs()
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}})
+    try:
+        nodes.add_node(num_cpus=1, resources={"node_b": 1})
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        for path in _worker_dirs() - before:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _config(address: str) -> ot.PipelineConfig:
+    def scaled(name: str, factor: float) -> ot.StageConfig:
+        return ot.StageConfig(name=name, process=f"p_{name}", factory_path=f"{M}.create_scale",
+                              factory={"factor": factor, "ray_node": True}, next="join")
+
+    return ot.PipelineConfig(
+        entry_stage="make",
+        stages=[
+            ot.StageConfig(name="make", factory_path=f"{M}.create_make", next=["a", "b"]),
+            scaled("a", 2.0),
+            scaled("b", 3.0),
+            ot.StageConfig(name="join", factory_path=f"{M}.create_join", wait_for=["a", "b"], merge_fn=f"{M}.merge",
+                           terminal=True),
+        ],
+        processes={
+            "main": ot.ProcessConfig(host="127.0.0.1"),
+            "p_a": ot.ProcessConfig(launcher="ray", resources={"node_a": 0.5}, ray_address=address),
+            "p_b": ot.ProcessConfig(launcher="ray", resources={"node_b": 0.5}, ray_address=address),
+        },
+    )
+
+
+async def test_stages_land_on_the_node_their_resources_name(cluster: Any, tmp_path: Path) -> None:
+    trace = tmp_path / "run.jsonl"
+    n = 1 << 18
+    with trio.fail_after(120):
+        async with ot.open_pipeline(_config(cluster.address), trace=trace, start_timeout=90) as pipeline:
+            result = await pipeline.submit("r0", "x", params={"numel": n})
+    head = cluster.head_node.node_id
+    (other,) = [node.node_id for node in cluster.list_all_nodes() if node.node_id != head]
+    assert (result["a"]["node"], result["b"]["node"]) == (head, other)  # node_a is the head's resource
+    total = n * (n - 1) / 2
+    assert (result["a"]["sum"], result["b"]["sum"]) == (2 * total, 3 * total)
+    sends = [e for e in read_trace(trace) if e.get("event") == "comm_payload_send"]
+    edges = {(e["from_stage"], e["to_stage"]): e["transport"] for e in sends}
+    assert edges == {("make", "a"): "tcp", ("a", "join"): "tcp", ("make", "b"): "tcp", ("b", "join"): "tcp"}
+
+
+async def test_a_dead_actor_fails_its_requests_within_a_second(cluster: Any) -> None:
+    with trio.fail_after(120), pytest.raises(ot.StageProcessDied):  # the pipeline ends with its worker
+        async with ot.open_pipeline(_config(cluster.address), start_timeout=90) as pipeline:
+            first = await pipeline.submit("r0", "x", params={"numel": 4})
+            failed: list[tuple[BaseException, float]] = []
+
+            async def held() -> None:
+                try:
+                    await pipeline.submit("r1", "x", params={"numel": 4, "block": True})
+                except ot.RequestError as exc:
+                    failed.append((exc, time.monotonic()))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await trio.testing.wait_all_tasks_blocked()  # r1 is out, waiting for its result
+                killed_at = time.monotonic()
+                os.kill(first["a"]["pid"], signal.SIGKILL)
+    [(error, at)] = failed
+    assert isinstance(error, ot.StageProcessDied) and error.process == "p_a"
+    assert at - killed_at < 1.0
