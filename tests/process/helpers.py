@@ -110,8 +110,21 @@ def template_processes() -> dict[int, str]:
 
 
 def zombie_children() -> list[int]:
-    """Descendants of this process that exited but were never waited for (by us or a template)."""
-    return [pid for pid, (state, _) in descendants().items() if state == "Z"]
+    """Children of this process or of a pipeline's template that exited but were never waited for.
+
+    Only ours and the templates': other descendants (a Ray cluster's processes, say) reap their own.
+    """
+    parents = {os.getpid(), *template_processes()}
+    return [pid for pid in descendants() if _zombie_of(pid, parents)]
+
+
+def _zombie_of(pid: int, parents: set[int]) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] == "Z" and int(fields[1]) in parents
 
 
 async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
@@ -204,3 +217,22 @@ def nothing_left_behind(base: Path) -> Iterator[None]:
     if zombies := zombie_children():
         problems.append(f"child processes never waited for: {zombies}")
     assert not problems, "\n".join(problems)
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """Send this process's fd 2, and so its workers' stderr, to ``path`` (appended, never truncated).
+
+    For a test that reads the workers' log while they run. Not capfd: its readouterr() truncates
+    the capture file while the workers keep writing to it, so a line a worker writes between the
+    read and the truncation is lost.
+    """
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)

@@ -189,7 +189,7 @@ class LogRecorder:
 
 
 async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
-    ipc_base: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    ipc_base: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     recorder = LogRecorder(dispatch_module.log)
     monkeypatch.setattr(dispatch_module, "log", recorder)  # the main process's endpoint logs here
@@ -199,9 +199,10 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
         stage("b", "create_append", factory={"tag": "b"}, process="p_b", terminal=True),
     )
     bad = malformed_frames()
+    log_path = tmp_path / "stderr.log"  # the worker's log, read while it runs (see helpers.stderr_to)
     context = zmq.Context()
     try:
-        with trio.fail_after(30):
+        with trio.fail_after(30), helpers.stderr_to(log_path):
             async with ot.open_pipeline(config) as pipeline:
                 assert await pipeline.submit("before", "x") == {"trail": ["x", "a", "b"]}
                 workers = helpers.worker_processes()
@@ -221,9 +222,7 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
 
                 # The worker handles the messages of one connection in order and logs each bad one:
                 # once it logged the last one, it has handled all of them.
-                worker_log = ""
-                while "Stream is not expected by process 'p_b'" not in worker_log:
-                    worker_log += capfd.readouterr().err
+                while "Stream is not expected by process 'p_b'" not in log_path.read_text(errors="replace"):
                     await trio.sleep(0.01)
                 while recorder.count("malformed_message_dropped", process="main") < len(bad):
                     await trio.sleep(0.01)
@@ -242,7 +241,7 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
 
     assert recorder.count("malformed_message_dropped", process="main") == len(bad)
     assert recorder.count("message_dropped", process="main") >= 2  # unknown stage 'nowhere', bad data_ref map
-    worker_log += capfd.readouterr().err
+    worker_log = log_path.read_text(errors="replace")
     dropped = [line for line in worker_log.splitlines() if "malformed_message_dropped" in line and "p_b" in line]
     assert len(dropped) == len(bad), worker_log
     assert "stage 'nowhere' does not run in process 'p_b'" in worker_log

@@ -96,7 +96,7 @@ def dropped_lines(log: str, process: str) -> int:
     return sum(1 for line in log.splitlines() if "malformed_message_dropped" in line and f"process={process}" in line)
 
 
-async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, capfd: pytest.CaptureFixture[str]) -> None:
+async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, tmp_path: Path) -> None:
     config = helpers.config(
         ipc_base,
         stage("a", "create_append", factory={"tag": "a"}, next="b"),  # in the caller's process
@@ -104,13 +104,13 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, capfd: p
     )
     to_worker_frames = fuzz_frames(1, FRAMES_PER_SOCKET, "b")
     to_main_frames = fuzz_frames(2, FRAMES_PER_SOCKET, "a")
-    log = ""
+    log_path = tmp_path / "stderr.log"  # the workers' log, read while they run (see helpers.stderr_to)
     normal = 0
     background = 0
     context = zmq.Context()
     started = time.monotonic()
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(60), helpers.stderr_to(log_path):
             async with ot.open_pipeline(config) as pipeline:
                 assert await pipeline.submit("before", "x") == {"trail": ["x", "a", "b"]}
                 workers = helpers.worker_processes()
@@ -141,8 +141,8 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, capfd: p
                             assert await pipeline.submit(rid, rid) == {"trail": [rid, "a", "b"]}
                             normal += 1
                     # Each process logs every frame it drops: wait until both logged all of them.
-                    while min(dropped_lines(log, "main"), dropped_lines(log, "p_b")) < FRAMES_PER_SOCKET:
-                        log += capfd.readouterr().err
+                    while min(dropped_lines(log := log_path.read_text(errors="replace"), "main"),
+                              dropped_lines(log, "p_b")) < FRAMES_PER_SOCKET:
                         await trio.sleep(0.02)
                     stop.set()
                 for i in range(5):
@@ -154,7 +154,7 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, capfd: p
     finally:
         context.destroy(linger=0)
     elapsed = time.monotonic() - started
-    log += capfd.readouterr().err  # the worker has exited: its stderr is complete
+    log = log_path.read_text(errors="replace")  # the worker has exited: its stderr is complete
     assert dropped_lines(log, "main") == FRAMES_PER_SOCKET, "each bad frame is logged exactly once"
     assert dropped_lines(log, "p_b") == FRAMES_PER_SOCKET
     assert "socket=" in next(line for line in log.splitlines() if "malformed_message_dropped" in line)

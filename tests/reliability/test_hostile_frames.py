@@ -227,15 +227,16 @@ def _open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, capfd: pytest.CaptureFixture[str]) -> None:
+async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, tmp_path: Path) -> None:
     escapes = ["../evil", "../../evil", "/tmp/evil", "a/b", "..", "", "main/../../evil", "p_b/../main", "x" * 200]
     names = [f"probe-{i}" for i in range(300)]  # well-formed, but no process of the run
     context: zmq.Context[Any] = zmq.Context()
     evil = context.socket(zmq.PULL)
     evil.setsockopt(zmq.LINGER, 0)
     evil.bind(f"ipc://{ipc_base / 'evil.sock'}")  # where "../evil" led outside the private directory
+    log_path = tmp_path / "stderr.log"
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(60), helpers.stderr_to(log_path):
             async with ot.open_pipeline(_two_stages(ipc_base)) as pipeline:
                 assert await pipeline.submit("before", "x") == {"trail": ["x", "a", "b"]}
                 pid = _worker_pid()
@@ -251,9 +252,7 @@ async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, cap
                     sock.send_multipart(auth.seal(encode(m.StatsRequest(reply_to=name, token=1000 + i))))
                     sock.send_multipart(encode(m.StatsRequest(reply_to=name, token=2000 + i)))  # no proof
                 await _refused(pipeline, {"p_b": len(names)})
-                log = ""
-                while log.count("is not a process of this run") < len(names):
-                    log += capfd.readouterr().err
+                while log_path.read_text(errors="replace").count("is not a process of this run") < len(names):
                     await trio.sleep(0.01)
                 grown = _open_files(pid) - before
                 assert grown <= 4, f"the worker opened {grown} files for stats requests"
@@ -264,7 +263,7 @@ async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, cap
                 assert stats.idle and stats.refused_frames["p_b"] == len(names)
     finally:
         context.destroy(linger=0)
-    log += capfd.readouterr().err
+    log = log_path.read_text(errors="replace")
     refused_paths = [line for line in log.splitlines() if "malformed_message_dropped" in line and "reply_to" in line]
     assert len(refused_paths) == len(escapes), log
     print(f"\nFIGURES reply_to: path_values_refused={len(refused_paths)} of {len(escapes)} "
