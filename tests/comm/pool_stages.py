@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from examples.zero_copy_stages import mapped_file
 from omni_trio import SimpleScheduler, StagePayload
 
 
@@ -17,17 +18,6 @@ def create_filled_tensor() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
-
-
-def _mapping_of(address: int) -> str:
-    """The file mapped at ``address`` in this process ("" for anonymous memory)."""
-    with open("/proc/self/maps", encoding="utf-8") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5].strip() if len(fields) > 5 else ""
-    return ""
 
 
 def create_holding_sink() -> SimpleScheduler:
@@ -47,7 +37,7 @@ def create_holding_sink() -> SimpleScheduler:
         result: dict[str, Any] = {
             "first": float(t[0]),
             "last": float(t[-1]),
-            "mapped": _mapping_of(t.data_ptr()),
+            "mapped": mapped_file(t.data_ptr()),
         }
         if params.get("hold"):
             held.append(t)

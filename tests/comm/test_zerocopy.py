@@ -21,12 +21,12 @@ import torch
 import trio
 
 import omni_trio as ot
+from examples.zero_copy_stages import mapped_file
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.dataref import DataRefKind
 from omni_trio.comm.shm import SHM_DIR, SegmentCache, ShmRelay, is_pooled_slot
 from omni_trio.comm.transfer import decode_object, encode_object
 from omni_trio.tracing import Tracer
-from tests.comm.pool_stages import _mapping_of
 from tests.process import helpers
 from tests.process.conftest import ipc_base
 
@@ -66,7 +66,7 @@ async def test_a_lent_slot_is_sent_by_reference_and_comes_back_when_both_sides_a
             allocator = SlotAllocator(lambda: relay, stage="a", tracer=tracer)
             t = await _in_thread(allocator, _filled, 2.5)
             # The tensor is the slot: its memory is mapped from a pooled segment of the relay.
-            slot = os.path.basename(_mapping_of(t.data_ptr()))
+            slot = os.path.basename(mapped_file(t.data_ptr()))
             assert is_pooled_slot(slot) and slot in relay.slot_names()
             assert relay.pool_stats() == {"slots": 1, "free": 0, "lent": 1, "bytes": 4 * NUMEL}
 
@@ -82,7 +82,7 @@ async def test_a_lent_slot_is_sent_by_reference_and_comes_back_when_both_sides_a
                                       on_release=lambda: releases.append(1))
             relay.settle(put, True)
             assert got["rate"] == 24_000 and torch.equal(got["audio"], t)
-            assert os.path.basename(_mapping_of(got["audio"].data_ptr())) == slot
+            assert os.path.basename(mapped_file(got["audio"].data_ptr())) == slot
 
             # The receiver is done, the sender still holds the tensor: the slot stays out of the pool.
             del got
@@ -98,7 +98,7 @@ async def test_a_lent_slot_is_sent_by_reference_and_comes_back_when_both_sides_a
             await trio.testing.wait_all_tasks_blocked()
             assert relay.pool_stats()["free"] == 1
             again = await _in_thread(allocator, _filled, 1.0)
-            assert os.path.basename(_mapping_of(again.data_ptr())) == slot
+            assert os.path.basename(mapped_file(again.data_ptr())) == slot
             del again
             gc.collect()
             await trio.testing.wait_all_tasks_blocked()
@@ -117,7 +117,7 @@ async def test_views_go_by_offset_and_a_second_send_of_a_lent_slot_copies(shm_pr
         async with ShmRelay(shm_prefix, pool_bytes=8 << 20) as relay:
             allocator = SlotAllocator(lambda: relay, stage="a", tracer=tracer)
             t = await _in_thread(allocator, lambda: torch.arange(NUMEL, dtype=torch.float32, out=ot.empty(NUMEL)))
-            slot = os.path.basename(_mapping_of(t.data_ptr()))
+            slot = os.path.basename(mapped_file(t.data_ptr()))
             head, tail = t[:1000], t[5000:9000].view(40, 100)
             ref, put = await encode_object({"head": head, "tail": tail}, relay=relay, sender="a", target="b",
                                            object_id="o1", kind=DataRefKind.stage_payload, allocator=allocator)
@@ -142,7 +142,7 @@ async def test_views_go_by_offset_and_a_second_send_of_a_lent_slot_copies(shm_pr
             assert put4 is not None and put4.name == slot and len(ref4.tensors) == 1
             got4 = await decode_object(ref4, shm_prefix=shm_prefix, segments=cache)
             assert all(torch.equal(got4[k], v) for k, v in small.items())
-            assert os.path.basename(_mapping_of(got4["t"].data_ptr())) == slot
+            assert os.path.basename(mapped_file(got4["t"].data_ptr())) == slot
             relay.settle(put4, True)
             # Not contiguous, with more than 16 KiB of other tensors (counted by storage), or views of
             # two ot.empty tensors: copied.
@@ -168,17 +168,17 @@ async def test_a_full_pool_falls_back_to_a_plain_allocation_traced(shm_prefix: s
             allocator = SlotAllocator(lambda: relay, stage="a", tracer=tracer)
             held = [await _in_thread(allocator, _filled, 1.0) for _ in range(2)]
             second = await _in_thread(allocator, _filled, 2.0)
-            assert all(is_pooled_slot(os.path.basename(_mapping_of(t.data_ptr()))) for t in held)
-            assert not _mapping_of(second.data_ptr()).startswith(SHM_DIR)  # ordinary memory
+            assert all(is_pooled_slot(os.path.basename(mapped_file(t.data_ptr()))) for t in held)
+            assert not mapped_file(second.data_ptr()).startswith(SHM_DIR)  # ordinary memory
             assert float(second.sum()) == 2.0 * NUMEL
             # Small tensors never take a slot (they travel inline), and no allocator means torch.empty.
             small = await _in_thread(allocator, ot.empty, 16)
-            assert not _mapping_of(small.data_ptr()).startswith(SHM_DIR)
-            assert not _mapping_of(ot.empty(NUMEL).data_ptr()).startswith(SHM_DIR)
+            assert not mapped_file(small.data_ptr()).startswith(SHM_DIR)
+            assert not mapped_file(ot.empty(NUMEL).data_ptr()).startswith(SHM_DIR)
             # On the event loop itself (inline compute) it never waits for a slot.
             with allocating(allocator):
                 on_loop = ot.empty(NUMEL)
-            assert not _mapping_of(on_loop.data_ptr()).startswith(SHM_DIR)
+            assert not mapped_file(on_loop.data_ptr()).startswith(SHM_DIR)
             assert relay.pool_stats()["slots"] == 2
             del held, second, small, on_loop
         tracer.close()

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 import omni_trio as ot
+from examples.zero_copy_stages import mapped_file
 from omni_trio import SimpleScheduler, StagePayload, ThreadedSimpleScheduler
-from tests.comm.pool_stages import _mapping_of
 
 _kept: list[torch.Tensor] = []
 
@@ -29,7 +29,7 @@ def create_empty_source(scheduler: str = "simple") -> SimpleScheduler | Threaded
         numel = int(params["numel"])
         t = ot.empty(numel, dtype=torch.float32)
         t.fill_(float(params.get("fill", 0.0)))
-        info: dict[str, Any] = {"src_mapped": _mapping_of(t.data_ptr())}
+        info: dict[str, Any] = {"src_mapped": mapped_file(t.data_ptr())}
         if params.get("drop_only"):
             del t
             payload.data = info
@@ -62,7 +62,7 @@ def create_reporting_sink() -> SimpleScheduler:
                 sum=float(t.sum()),
                 first=float(t[0]),
                 last=float(t[-1]),
-                mapped=_mapping_of(t.data_ptr()),
+                mapped=mapped_file(t.data_ptr()),
             )
             del t
         payload.data = data
