@@ -203,11 +203,12 @@ class ProcessDirectory:
         did not answer within ``timeout`` seconds (default :data:`STATS_TIMEOUT_S`)."""
         timeout = STATS_TIMEOUT_S if timeout is None else timeout
         result = {name: stage.stats() for name, stage in self._local.items()}
-        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing.
+        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing;
+        # a restarting one says so (it is not idle: it will serve again, and submits wait for it).
         # Taken with the live set, at one moment: a process that becomes ready while we wait for
         # the replies was asked nothing, and must still be reported.
-        down = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
-        down.update(self._supervisor.restarting())
+        restarting = set(self._supervisor.restarting())
+        dead = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
         token = next(self._tokens)
         replies = self._stats[token] = _Replies(self._live())
         try:
@@ -222,10 +223,6 @@ class ProcessDirectory:
             raise StatsTimeout(sorted(replies.waiting), timeout)
         for name, counters in replies.stages.items():
             result[name] = StageStats(**counters)
-        # Stages of a process being restarted (or of a dead replica) hold nothing, and serve nothing;
-        # a restarting one says so (it is not idle: it will serve again, and submits wait for it).
-        restarting = set(self._supervisor.restarting())
-        dead = {worker.name for worker in self._supervisor.workers.values() if worker.exited.is_set()}
         for name, process in self._endpoint.placement.items():
             if process in restarting:
                 result[name] = StageStats(0, 0, 0, 0, 0, 0, healthy=False, restarting=True)
