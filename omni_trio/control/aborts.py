@@ -39,18 +39,24 @@ RESEND_MAX_S = 8.0
 
 
 @attrs.define(eq=False)
-class Delivery:
-    """The abort of one request: ``done`` once every process it went to confirmed it (or is gone)."""
+class Awaited:
+    """Answers awaited from ``waiting`` processes: ``done`` once each answered (or is gone)."""
 
-    request_id: str
     waiting: set[str]
-    done: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event, kw_only=True)
 
     def arrived(self, process: str) -> None:
-        """``process`` dropped the request (or is gone)."""
+        """``process`` answered (or is gone)."""
         self.waiting.discard(process)
         if not self.waiting:
             self.done.set()
+
+
+@attrs.define(eq=False)
+class Delivery(Awaited):
+    """The abort of one request: ``done`` once every process it went to confirmed it (or is gone)."""
+
+    request_id: str
 
 
 @attrs.define(eq=False)
@@ -96,7 +102,7 @@ class AbortDelivery:
 
     def deliver(self, request_id: str, processes: Collection[str]) -> Delivery:
         """Queue the abort of ``request_id`` to each of ``processes``; its ``done`` fires once all confirmed."""
-        delivery = Delivery(request_id, set(processes))
+        delivery = Delivery(set(processes), request_id)
         if not delivery.waiting:
             delivery.done.set()
         for process in processes:

@@ -23,7 +23,7 @@ from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
-from omni_trio.control.aborts import AbortDelivery, Delivery
+from omni_trio.control.aborts import AbortDelivery, Awaited, Delivery
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
@@ -48,15 +48,8 @@ HOLDERS_TIMEOUT_S = 0.5
 
 
 @attrs.define(eq=False)
-class _Replies:
-    waiting: set[str]
-    done: trio.Event = attrs.field(factory=trio.Event)
+class _Replies(Awaited):
     stages: dict[str, Any] = attrs.field(factory=dict)
-
-    def arrived(self, process: str) -> None:
-        self.waiting.discard(process)
-        if not self.waiting:
-            self.done.set()
 
 
 class ProcessDirectory:
