@@ -559,7 +559,9 @@ async def _speak_direct(pipeline: Any, request_id: str) -> tuple[float, float]:
 async def _speak_http(client: Any, model: str) -> tuple[float, float]:
     started = time.perf_counter()
     first = math.nan
-    body = {"model": model, "input": "hello from the bench", "voice": "default", "response_format": "pcm"}
+    # The demo's default voice: an unknown one is a 400 naming ``voice``.
+    voice = importlib.import_module("examples.omni_speech.models").DEFAULT_VOICE
+    body = {"model": model, "input": "hello from the bench", "voice": voice, "response_format": "pcm"}
     async with client.stream("POST", "/v1/audio/speech", json=body) as response:
         response.raise_for_status()
         async for chunk in response.aiter_raw():

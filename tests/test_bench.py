@@ -92,6 +92,14 @@ def test_w4_sources_are_default_code_and_ot_empty(tmp_path: Path) -> None:
     assert metrics["1MB_latency_ms"] > 0
 
 
+def test_serving_row_speaks_to_the_demo_over_http(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = bench(out, "--quick", "--only", "serve")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = json.loads(out.read_text(encoding="utf-8"))["workloads"]["serve"]
+    assert metrics["http_c8_first_audio_ms"] > 0 and metrics["c1_latency_http_over_direct"] > 0
+
+
 def test_quick_tcp_rows_between_namespaces(tmp_path: Path) -> None:
     from omni_trio.netns import unavailable
 
