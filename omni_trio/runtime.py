@@ -25,7 +25,7 @@ import zmq
 
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
-from omni_trio.comm.shm import remove_segments
+from omni_trio.comm.segments import remove_segments
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
 from omni_trio.control.auth import FrameMac, new_secret

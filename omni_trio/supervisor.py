@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from omni_trio.comm.shm import remove_segments
+from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig
 from omni_trio.control import messages as m
 from omni_trio.control.curve import CurveKeys

@@ -32,7 +32,7 @@ import trio
 import zmq
 
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
-from omni_trio.comm.shm import freeze_creation
+from omni_trio.comm.segments import freeze_creation
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint

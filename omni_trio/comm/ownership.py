@@ -33,7 +33,7 @@ from pathlib import Path
 
 import attrs
 
-from omni_trio.comm.shm import SHM_DIR, remove_segments
+from omni_trio.comm.segments import SHM_DIR, remove_segments
 
 #: The file in a run's IPC directory that names its owner.
 OWNER_FILE = "owner"

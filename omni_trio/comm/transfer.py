@@ -33,8 +33,10 @@ import attrs
 
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind, shm_buffer
 from omni_trio.comm.layout import TensorEntry
+from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
-from omni_trio.comm.shm import SegmentCache, ShmPut, ShmRelay, read_segment
+from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.tcp import TcpCredits, TcpPut, tensor_frame, tensors_from_frames
 from omni_trio.payload import OmniRequest, StagePayload
 

@@ -39,7 +39,9 @@ import zmq
 from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog, TransportLogs
-from omni_trio.comm.shm import DEFAULT_POOL_BYTES, SegmentCache, ShmPut, ShmRelay
+from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.comm.slotcache import SegmentCache
+from omni_trio.comm.slotpool import DEFAULT_POOL_BYTES
 from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m

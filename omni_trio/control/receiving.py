@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omni_trio.comm.dataref import DataRef
 from omni_trio.comm.router import COORDINATOR
-from omni_trio.comm.shm import SegmentCache
+from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.lanes import Lanes

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from omni_trio.comm.shm import SHM_DIR, remove_segments
+from omni_trio.comm.segments import SHM_DIR, remove_segments
 
 
 def _leftovers(prefix: str) -> list[str]:

@@ -15,18 +15,11 @@ import trio
 
 import omni_trio as ot
 from omni_trio.comm.dataref import DataRef, DataRefKind
-from omni_trio.comm.shm import (
-    MIN_SLOT_BYTES,
-    SHM_DIR,
-    SegmentCache,
-    SegmentNotFound,
-    ShmPut,
-    ShmRelay,
-    is_pooled_slot,
-    read_segment,
-    remove_segments,
-    slot_size,
-)
+from omni_trio.comm.oneshot import read_segment
+from omni_trio.comm.segments import SHM_DIR, SegmentNotFound, is_pooled_slot, remove_segments
+from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.comm.slotcache import SegmentCache
+from omni_trio.comm.slotpool import MIN_SLOT_BYTES, slot_size
 from omni_trio.comm.transfer import decode_object, encode_object
 from omni_trio.control import messages as m
 from omni_trio.control.codec import MalformedMessage, decode, encode

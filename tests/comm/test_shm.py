@@ -14,17 +14,10 @@ import torch
 import trio
 import trio.testing
 
+from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.packing import extract_tensors, pack_tensors, restore, unpack_tensors, write_packed
-from omni_trio.comm.shm import (
-    OFF_THREAD_BYTES,
-    SHM_DIR,
-    SegmentNotFound,
-    ShmPut,
-    ShmRelay,
-    TransferTooLarge,
-    read_segment,
-    remove_segments,
-)
+from omni_trio.comm.segments import OFF_THREAD_BYTES, SHM_DIR, SegmentNotFound, remove_segments
+from omni_trio.comm.shm import ShmPut, ShmRelay, TransferTooLarge
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +78,7 @@ async def test_round_trip_between_two_processes(shm_prefix: str) -> None:
         reader = textwrap.dedent(
             """
             import hashlib, sys, trio
-            from omni_trio.comm.shm import read_segment
+            from omni_trio.comm.oneshot import read_segment
             name, size = sys.argv[1], int(sys.argv[2])
             digest = trio.run(read_segment, name, size, lambda v: hashlib.sha256(v).hexdigest())
             print(digest)

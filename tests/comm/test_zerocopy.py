@@ -24,7 +24,9 @@ import omni_trio as ot
 from examples.zero_copy_stages import mapped_file
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.dataref import DataRefKind
-from omni_trio.comm.shm import SHM_DIR, SegmentCache, ShmRelay, is_pooled_slot
+from omni_trio.comm.segments import SHM_DIR, is_pooled_slot
+from omni_trio.comm.shm import ShmRelay
+from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, encode_object
 from omni_trio.tracing import Tracer
 from tests.process import helpers

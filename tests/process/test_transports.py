@@ -235,7 +235,8 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
     ``python -m examples.ch6_pipeline big``).
     """
     from omni_trio.comm.dataref import DataRefKind
-    from omni_trio.comm.shm import ShmRelay, remove_segments
+    from omni_trio.comm.segments import remove_segments
+    from omni_trio.comm.shm import ShmRelay
     from omni_trio.comm.transfer import encode_object
     from omni_trio.control import messages as m
     from omni_trio.control.codec import encode

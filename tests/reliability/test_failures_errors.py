@@ -13,7 +13,8 @@ import trio
 
 import omni_trio as ot
 from omni_trio.comm.packing import LayoutError, UnsupportedDtype, UnsupportedTensor
-from omni_trio.comm.shm import SegmentNotFound, ShmError, TransferTooLarge
+from omni_trio.comm.segments import SegmentNotFound, ShmError
+from omni_trio.comm.shm import TransferTooLarge
 from omni_trio.control.zmq_trio import EndpointPathTooLong
 from tests.placement import stage
 from tests.process import helpers

@@ -16,8 +16,9 @@ import pytest
 import trio
 
 import omni_trio as ot
+from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.ownership import OWNER_FILE
-from omni_trio.comm.shm import SHM_DIR, SegmentNotFound, read_segment, remove_segments
+from omni_trio.comm.segments import SHM_DIR, SegmentNotFound, remove_segments
 from tests.process import helpers
 
 OTHER_UID = 54321

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 import omni_trio as ot
-from omni_trio.comm.shm import is_pooled_slot
+from omni_trio.comm.segments import is_pooled_slot
 from tests.placement import place, stage
 from tests.process import helpers
 

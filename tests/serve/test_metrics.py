@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import omni_trio as ot
 from examples.omni_speech import models
 from examples.omni_speech.pipeline import STAGES, make_config, write_wav
-from omni_trio.comm.shm import is_pooled_slot
+from omni_trio.comm.segments import is_pooled_slot
 from tests.process import helpers
 
 MODEL = "omni-speech-metrics"
