@@ -19,7 +19,7 @@ from omni_trio.config import (
     StreamDeliveryConfig,
 )
 from omni_trio.configfile import load_config
-from omni_trio.coordinator import Coordinator, PipelineHealth, PipelineStats, RequestStream
+from omni_trio.coordinator import Coordinator
 from omni_trio.errors import (
     ConfigError,
     ConfigProblem,
@@ -41,8 +41,10 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
+from omni_trio.pipeline_stats import PipelineHealth, PipelineStats
 from omni_trio.processes import ProcessConfig
 from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
+from omni_trio.request_stream import RequestStream
 from omni_trio.runtime import open_pipeline
 from omni_trio.scheduling import (
     BusyTime,

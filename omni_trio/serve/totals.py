@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omni_trio.comm.router import COORDINATOR
-from omni_trio.coordinator import PipelineStats
+from omni_trio.pipeline_stats import PipelineStats
 from omni_trio.stage.replicas import logical_name
 
 BUSY_NAME = "omni_trio_stage_busy_seconds"

@@ -1,0 +1,35 @@
+"""One live request's record: what the coordinator keeps while it runs, and its stream reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import outcome
+import trio
+
+from omni_trio.payload import OmniRequest
+from omni_trio.scheduling.session import SessionOperation
+
+__all__ = ["END_OF_STREAM", "LiveRequest"]
+
+#: The last event of a streaming request that succeeded (a failed one ends with its error).
+END_OF_STREAM = object()
+
+
+@attrs.define(eq=False)
+class LiveRequest:
+    """A request the coordinator admitted and has not resolved yet."""
+
+    request_id: str
+    request: OmniRequest
+    expected: frozenset[str]
+    streaming: bool
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: outcome.Outcome[Any] | None = None
+    partial: dict[str, Any] = attrs.field(factory=dict)
+    deadline_scope: trio.CancelScope | None = None
+    events: Any = None  # send side of the streaming caller's channel
+    received: Any = None  # its receive side
+    session: SessionOperation | None = None
+    entry_stages: tuple[str, ...] = ()  # where the Submit goes (several for a session's open/close/control)

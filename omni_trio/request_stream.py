@@ -1,0 +1,117 @@
+"""The events of one streaming request, as its caller reads them (:class:`RequestStream`).
+
+The coordinator (:meth:`omni_trio.coordinator.Coordinator.stream`) hands a
+stream what it needs of it: how to admit and send the request, how to abort
+it, and how to wait for an abort's broadcast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from omni_trio.errors import RequestAborted, RequestError
+from omni_trio.events import CompleteMessage, StreamMessage
+from omni_trio.live_request import END_OF_STREAM, LiveRequest
+from omni_trio.tracing import get_logger
+
+__all__ = ["RequestStream"]
+
+log = get_logger(__name__)
+
+
+class RequestStream:
+    """The events of one streaming request (see :meth:`Coordinator.stream`).
+
+    ``admit`` admits the request (it raises what admission refuses), ``send``
+    sends it, ``abort`` resolves it with an error and starts its abort
+    everywhere (the event fires once that is done), ``settled`` waits for a
+    failed request's abort broadcast.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        *,
+        admit: Callable[[], LiveRequest],
+        send: Callable[[LiveRequest], Awaitable[None]],
+        abort: Callable[[LiveRequest, RequestError], trio.Event],
+        settled: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.request_id = request_id
+        self._admit = admit
+        self._send = send
+        self._abort = abort
+        self._settled = settled
+        self._live: LiveRequest | None = None
+        self._finished = False
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    async def _start(self) -> LiveRequest:
+        if self._live is None:
+            live = self._admit()
+            self._live = live
+            self._token = trio.lowlevel.current_trio_token()
+            try:
+                await self._send(live)
+            except BaseException:
+                await self.aclose()
+                raise
+        return self._live
+
+    async def __aenter__(self) -> RequestStream:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamMessage | CompleteMessage:
+        live = await self._start()
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            event = await live.received.receive()
+        except BaseException:
+            await self.aclose()
+            raise
+        if event is END_OF_STREAM:
+            self._finished = True
+            raise StopAsyncIteration
+        if isinstance(event, BaseException):
+            self._finished = True
+            with trio.CancelScope(shield=True):
+                await self._settled(self.request_id)
+            raise event
+        return event
+
+    def __del__(self) -> None:
+        # A bare ``async for`` left early (break, return, an exception in its body) never calls
+        # aclose: the request would run on in the stages. Collected, the stream aborts it from the
+        # trio loop (run_sync_soon may be called from __del__, on any thread).
+        live = self._live
+        if live is None or live.done.is_set() or self._token is None:
+            return
+        with contextlib.suppress(trio.RunFinishedError):  # the loop is gone, and the pipeline with it
+            self._token.run_sync_soon(self._abort_dropped, live)
+
+    def _abort_dropped(self, live: LiveRequest) -> None:
+        if live.done.is_set():
+            return
+        try:
+            self._abort(live, RequestAborted(self.request_id, "its stream was dropped unread"))
+        except RuntimeError as exc:  # the pipeline is closing: its close aborts what is live
+            log.warning("dropped_stream_abort_failed", request_id=self.request_id, error=repr(exc))
+
+    async def aclose(self) -> None:
+        """Stop reading; a request still running is aborted everywhere."""
+        self._finished = True
+        live = self._live
+        if live is not None and not live.done.is_set():
+            with trio.CancelScope(shield=True):
+                await self._abort(live, RequestAborted(self.request_id, "closed by its reader")).wait()
