@@ -18,6 +18,7 @@ from omni_trio.comm.packing import extract_tensors, pack_tensors, restore, unpac
 from omni_trio.comm.shm import ShmRelay
 from omni_trio.control.codec import MalformedMessage, decode, encode
 from omni_trio.control.messages import DataReady
+from tests.comm.helpers import copy_out
 
 
 def _payload_ref() -> DataRef:
@@ -184,13 +185,6 @@ async def test_shm_payload_end_to_end(shm_prefix: str) -> None:
         assert isinstance(msg, DataReady) and msg.data_ref is not None
         got = DataRef.from_wire(msg.data_ref)
         assert got.buffer is not None and got.header is not None
-
-        def copy_out(view: memoryview) -> torch.Tensor:
-            out = torch.empty(view.nbytes, dtype=torch.uint8)
-            src = torch.frombuffer(view, dtype=torch.uint8)
-            out.copy_(src)
-            del src
-            return out
 
         raw = await read_segment(got.buffer.info["shm_name"], got.buffer.length, copy_out, prefix=shm_prefix)
         back = restore(pickle.loads(got.header), unpack_tensors(raw, got.tensors))

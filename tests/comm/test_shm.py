@@ -18,21 +18,13 @@ from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.packing import extract_tensors, pack_tensors, restore, unpack_tensors, write_packed
 from omni_trio.comm.segments import OFF_THREAD_BYTES, SHM_DIR, SegmentNotFound, remove_segments
 from omni_trio.comm.shm import ShmPut, ShmRelay, TransferTooLarge
+from tests.comm.helpers import copy_out
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _exists(name: str) -> bool:
     return os.path.exists(os.path.join(SHM_DIR, name))
-
-
-def _copy_out(view: memoryview) -> torch.Tensor:
-    """The typical consume: copy the mapping into fresh memory, drop the view."""
-    out = torch.empty(view.nbytes, dtype=torch.uint8)
-    src = torch.frombuffer(view, dtype=torch.uint8)
-    out.copy_(src)
-    del src
-    return out
 
 
 def _fill_bytes(data: bytes) -> Callable[[memoryview], None]:
@@ -56,7 +48,7 @@ async def test_round_trip_4mb_tensor_in_process(shm_prefix: str) -> None:
             assert relay.in_use() == 1 and relay.in_use("enc") == 1
             assert os.stat(os.path.join(SHM_DIR, put.name)).st_mode & 0o777 == 0o600
 
-            buffer = await read_segment(put.name, put.size, _copy_out, prefix=shm_prefix)
+            buffer = await read_segment(put.name, put.size, copy_out, prefix=shm_prefix)
             assert not _exists(put.name)  # the receiver owns deletion
             back = restore(header, unpack_tensors(buffer, entries))
             assert isinstance(back, dict)

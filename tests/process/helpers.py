@@ -90,6 +90,15 @@ def templates_of(parent: int) -> set[int]:
     return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.template_main" in cmd}
 
 
+def rss(pid: int) -> int:
+    """Resident set size of ``pid`` in bytes (VmRSS)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
 def running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not exited (a zombie has: only its status is left)."""
     try:
@@ -134,6 +143,31 @@ async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
         while not await file.exists():
             await trio.sleep(0.01)
     return await file.read_text()
+
+
+async def submit_and_kill(
+    pipeline: ot.Coordinator, request_id: str, pid_file: Path, *, returncode: int | None = -signal.SIGKILL
+) -> int:
+    """Submit ``request_id`` (it blocks in the blocker stage of process ``p_block``, which writes its pid to
+    ``pid_file``), SIGKILL that process once it holds the request, and check that the request fails with
+    StageProcessDied naming that process, its pid and ``returncode``; return the pid.
+
+    The pid is not checked to be a descendant of ours: a worker forked by a template that died is
+    reparented to init (its exit status is then unknown: ``returncode=None``)."""
+    failed: list[ot.StageProcessDied] = []
+
+    async def submit() -> None:
+        with pytest.raises(ot.StageProcessDied) as died:
+            await pipeline.submit(request_id, "x", params={"pid_file": str(pid_file)})
+        failed.append(died.value)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit)
+        pid = int(await wait_for_file(pid_file))
+        os.kill(pid, signal.SIGKILL)
+    (error,) = failed
+    assert (error.request_id, error.process, error.pid, error.returncode) == (request_id, "p_block", pid, returncode)
+    return pid
 
 
 def kill_workers(keep: set[int] | frozenset[int] = frozenset()) -> list[int]:

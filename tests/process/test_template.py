@@ -48,21 +48,6 @@ def restart_pipeline(base: Path) -> ot.PipelineConfig:
     )
 
 
-async def _kill_blocker(pipeline: ot.Coordinator, request_id: str, pid_file: Path) -> ot.StageProcessDied:
-    """Submit ``request_id`` (it blocks in p_block), SIGKILL p_block once it holds it; the request's error."""
-    failed: list[ot.StageProcessDied] = []
-
-    async def submit() -> None:
-        with pytest.raises(ot.StageProcessDied) as died:
-            await pipeline.submit(request_id, "x", params={"pid_file": str(pid_file)})
-        failed.append(died.value)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(submit)
-        os.kill(int(await helpers.wait_for_file(pid_file)), signal.SIGKILL)
-    return failed[0]
-
-
 async def test_workers_are_forked_from_one_template_and_write_to_our_stderr(
     ipc_base: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -88,12 +73,11 @@ async def test_a_forked_worker_death_is_noticed_with_its_exit_status_and_it_rest
     with trio.fail_after(60):
         async with ot.open_pipeline(restart_pipeline(ipc_base)) as pipeline:
             (template,) = helpers.template_processes()
-            error = await _kill_blocker(pipeline, "r0", tmp_path / "pid0")
-            assert (error.process, error.returncode) == ("p_block", -signal.SIGKILL)
+            killed = await helpers.submit_and_kill(pipeline, "r0", tmp_path / "pid0")
             params = {"pid_file": str(tmp_path / "pid1"), "block": False}
             assert await pipeline.submit("r1", "y", params=params) == {"trail": ["blocked"]}
             restarted = int((tmp_path / "pid1").read_text())
-            assert restarted != error.pid and _ppid(restarted) == template
+            assert restarted != killed and _ppid(restarted) == template
             assert helpers.template_processes().keys() == {template}
 
 
@@ -110,8 +94,7 @@ async def test_a_dead_template_is_reported_its_workers_keep_serving_and_a_new_on
             assert await pipeline.submit("r0", "y", params=params) == {"trail": ["blocked"]}
             # Its workers live on; the one killed now was forked by the dead template, so
             # its death is still seen (its pidfd) but its exit status is unknown.
-            error = await _kill_blocker(pipeline, "r1", tmp_path / "pid1")
-            assert (error.process, error.returncode) == ("p_block", None)
+            await helpers.submit_and_kill(pipeline, "r1", tmp_path / "pid1", returncode=None)
             params = {"pid_file": str(tmp_path / "pid2"), "block": False}
             assert await pipeline.submit("r2", "y", params=params) == {"trail": ["blocked"]}
             (replacement,) = helpers.template_processes()

@@ -29,6 +29,7 @@ import trio
 import omni_trio as ot
 from tests.placement import stage
 from tests.process import helpers
+from tests.process.helpers import rss
 
 MIB = 1 << 20
 
@@ -41,15 +42,6 @@ def malloc_returns_large_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     large free, and then a freed 4 MiB chunk stays resident)."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
 RSS_BOUND = 300 * MIB  # growth allowed to each process during and after the 1 GiB stream
-
-
-def rss(pid: int) -> int:
-    """Resident set size of ``pid`` in bytes (VmRSS)."""
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def stream_config(base: Path, producer: str, producer_kwargs: dict[str, Any], consumer_kwargs: dict[str, Any]

@@ -21,8 +21,9 @@ import omni_trio as ot
 from omni_trio import supervisor
 from tests.placement import stage
 from tests.process import helpers
+from tests.process.helpers import submit_and_kill
 from tests.reliability.failure_stages import M
-from tests.reliability.test_restart import pipeline_config, submit_and_kill
+from tests.reliability.test_restart import pipeline_config
 
 
 def loop_config(base: Path) -> ot.PipelineConfig:

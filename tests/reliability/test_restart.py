@@ -8,8 +8,6 @@ fixture of conftest.py checks that nothing was left behind.
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import omni_trio as ot
 from omni_trio import supervisor
 from tests.placement import stage
 from tests.process import helpers
+from tests.process.helpers import submit_and_kill
 
 
 def pipeline_config(base: Path, max_restarts: int = 3) -> ot.PipelineConfig:
@@ -36,31 +35,6 @@ def pipeline_config(base: Path, max_restarts: int = 3) -> ot.PipelineConfig:
             max_restarts=max_restarts,
         ),
     )
-
-
-async def submit_and_kill(pipeline: ot.Coordinator, request_id: str, pid_file: Path) -> int:
-    """Submit ``request_id`` (it blocks in the blocker), SIGKILL the blocker's process once it holds
-    the request, and check that the request fails with StageProcessDied naming that process; return its pid."""
-    failed: list[ot.StageProcessDied] = []
-
-    async def submit() -> None:
-        with pytest.raises(ot.StageProcessDied) as died:
-            await pipeline.submit(request_id, "x", params={"pid_file": str(pid_file)})
-        failed.append(died.value)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(submit)
-        pid = int(await helpers.wait_for_file(pid_file))
-        assert pid in helpers.worker_processes()
-        os.kill(pid, signal.SIGKILL)
-    (error,) = failed
-    assert (error.request_id, error.process, error.pid, error.returncode) == (
-        request_id,
-        "p_block",
-        pid,
-        -signal.SIGKILL,
-    )
-    return pid
 
 
 async def test_killed_worker_is_restarted_and_serves_later_requests(

@@ -20,20 +20,13 @@ import trio
 import omni_trio as ot
 from tests.placement import stage
 from tests.process import helpers
+from tests.process.helpers import rss
 
 TOTAL = 20_000
 WARM_UP = 2_000
 IN_FLIGHT = 64
 MIB = 1 << 20
 RSS_BOUND = 32 * MIB  # allowed RSS growth of each process between the checkpoint and the end
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def fds(pid: int | str = "self") -> int:
