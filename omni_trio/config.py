@@ -10,17 +10,14 @@ when a pipeline opens.
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
 import os
 import re
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
 from omni_trio.errors import ConfigError, ConfigProblem
+from omni_trio.hooks import did_you_mean, dotted_path, factory_kwarg_problems, hook_path_problems, import_problem
 from omni_trio.processes import ProcessConfig, edge_problems, processes_problems
 from omni_trio.tracing import get_logger
 
@@ -36,19 +33,6 @@ _PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 REPLICA_SUFFIX = re.compile(r"@r(\d+)$")
 #: The placeholder a string factory argument may hold; each replica gets its index there.
 REPLICA_PLACEHOLDER = "{replica}"
-
-
-def dotted_path(value: Any) -> Any:
-    """Store a module-level callable as its dotted path; leave anything else as is."""
-    if callable(value) and not isinstance(value, str):
-        module = getattr(value, "__module__", None)
-        qualname = getattr(value, "__qualname__", "")
-        if module is None or "<" in qualname:
-            # Validation reports it with its path; a lambda or closure cannot be
-            # imported in another process.
-            return value
-        return f"{module}.{qualname}"
-    return value
 
 
 def _optional_dotted(value: Any) -> Any:
@@ -266,16 +250,11 @@ class PipelineConfig:
 # --------------------------------------------------------------------------- validation
 
 
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _unknown(name: object, known: set[str]) -> str | None:
     if not isinstance(name, str):
         return f"stage names are strings, got {type(name).__name__}"
     if name not in known:
-        return f"{name!r} is not a stage{_did_you_mean(name, known)}"
+        return f"{name!r} is not a stage{did_you_mean(name, known)}"
     return None
 
 
@@ -297,25 +276,13 @@ def _check_names(path: str, value: object, known: set[str]) -> list[ConfigProble
     return problems
 
 
-def _check_hook_value(path: str, value: object) -> list[ConfigProblem]:
-    if value is None or (isinstance(value, str) and value.count(".") >= 1 and all(value.split("."))):
-        return []
-    if callable(value):
-        return [
-            ConfigProblem(
-                path, f"{value!r} cannot be imported by name; use a module-level function or a dotted path"
-            )
-        ]
-    return [ConfigProblem(path, f"expected a dotted path 'package.module.attr', got {value!r}")]
-
-
 def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[ConfigProblem]:
     at = f"stages[{index}]"
     problems: list[ConfigProblem] = []
     if not isinstance(stage.name, str) or not stage.name:
         problems.append(ConfigProblem(f"{at}.name", "a stage needs a non-empty string name"))
     for field in ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
-        problems += _check_hook_value(f"{at}.{field}", getattr(stage, field))
+        problems += hook_path_problems(f"{at}.{field}", getattr(stage, field))
     if not isinstance(stage.factory, dict):
         problems.append(ConfigProblem(f"{at}.factory", "expected a dict of factory keyword arguments"))
     has_next = stage.next is not None and stage.next != []
@@ -348,7 +315,7 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
                 problems.append(
                     ConfigProblem(f"{at}.project_payload[{target!r}]", f"{target!r} is not in this stage's next")
                 )
-            problems += _check_hook_value(f"{at}.project_payload[{target!r}]", hook)
+            problems += hook_path_problems(f"{at}.project_payload[{target!r}]", hook)
     problems += _check_names(f"{at}.stream_to", stage.stream_to, known)
     if stage.stream_done_to_fn is not None and not stage.stream_to:
         problems.append(
@@ -388,7 +355,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
                 "in the caller's process; set process",
             )
         )
-    problems += _check_hook_value(f"{at}.replica_policy", stage.replica_policy)
+    problems += hook_path_problems(f"{at}.replica_policy", stage.replica_policy)
     overrides = stage.replica_factory
     if overrides is None:
         return problems
@@ -501,7 +468,7 @@ def _serve_problems(serve: object) -> list[ConfigProblem]:
     problems = []
     if not isinstance(serve.model, str) or not serve.model:
         problems.append(ConfigProblem("serve.model", f"expected a non-empty model id, got {serve.model!r}"))
-    problems += _check_hook_value("serve.adapter", serve.adapter)
+    problems += hook_path_problems("serve.adapter", serve.adapter)
     if not isinstance(serve.adapter_options, dict):
         problems.append(ConfigProblem("serve.adapter_options", "expected a table of keyword arguments"))
     body = serve.max_body_bytes
@@ -544,7 +511,7 @@ def _graph_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProbl
                 )
     entry = config.entry
     if entry not in known:
-        problems.append(ConfigProblem("entry_stage", f"{entry!r} is not a stage{_did_you_mean(entry, known)}"))
+        problems.append(ConfigProblem("entry_stage", f"{entry!r} is not a stage{did_you_mean(entry, known)}"))
         return problems
     reachable, frontier = {entry}, [entry]
     while frontier:
@@ -615,9 +582,9 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     known = set(names)
     for i, stage in enumerate(config.stages):
         problems += _stage_problems(i, stage, known)
-    problems += _check_hook_value("terminal_stages_fn", config.terminal_stages_fn)
+    problems += hook_path_problems("terminal_stages_fn", config.terminal_stages_fn)
     problems += _group_problems(config)
-    problems += _check_hook_value("replica_policy", config.replica_policy)
+    problems += hook_path_problems("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
     problems += _endpoints_problems(config.endpoints)
     problems += _start_method_problems(config)
@@ -632,58 +599,12 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
 # --------------------------------------------------------------------------- imports
 
 
-def import_string(path: str) -> Any:
-    """Import ``"package.module.attr"`` (nested attributes allowed) and return the object."""
-    parts = path.split(".")
-    for split in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:split])
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and not module_name.startswith(exc.name):
-                raise  # the module exists but one of its own imports is missing
-            continue
-        for attr in parts[split:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(f"no module found for {path!r}")
-
-
-def _import_problem(path: str, value: str) -> tuple[Any, ConfigProblem | None]:
-    try:
-        obj = import_string(value)
-    except Exception as exc:  # noqa: BLE001 - every import failure is reported, with its path
-        return None, ConfigProblem(path, f"cannot import {value!r}: {type(exc).__name__}: {exc}")
-    if not callable(obj):
-        return None, ConfigProblem(path, f"{value!r} is not callable")
-    return obj, None
-
-
-def factory_kwarg_problems(path: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> list[ConfigProblem]:
-    """Problems with passing ``kwargs`` to ``factory`` (names its signature cannot accept)."""
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return []
-    params = signature.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return []
-    accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return [
-        ConfigProblem(
-            f"{path}[{key!r}]", f"the factory does not accept {key!r}{_did_you_mean(key, accepted)}"
-        )
-        for key in kwargs
-        if key not in accepted
-    ]
-
-
 def check_imports(config: PipelineConfig) -> None:
     """Import every hook and factory of ``config``; raise ConfigError listing all failures."""
     problems: list[ConfigProblem] = []
     for i, stage in enumerate(config.stages):
         at = f"stages[{i}]"
-        factory, problem = _import_problem(f"{at}.factory_path", stage.factory_path)
+        factory, problem = import_problem(f"{at}.factory_path", stage.factory_path)
         if problem:
             problems.append(problem)
         else:
@@ -693,15 +614,15 @@ def check_imports(config: PipelineConfig) -> None:
         for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy"):
             value = getattr(stage, field)
             if value is not None:
-                problems += [p for p in [_import_problem(f"{at}.{field}", value)[1]] if p]
+                problems += [p for p in [import_problem(f"{at}.{field}", value)[1]] if p]
         for target, hook in stage.project_payload.items():
-            problems += [p for p in [_import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
+            problems += [p for p in [import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
     for field in ("terminal_stages_fn", "replica_policy"):
         value = getattr(config, field)
         if value is not None:
-            problems += [p for p in [_import_problem(field, value)[1]] if p]
+            problems += [p for p in [import_problem(field, value)[1]] if p]
     if config.serve is not None:
-        adapter, problem = _import_problem("serve.adapter", config.serve.adapter)
+        adapter, problem = import_problem("serve.adapter", config.serve.adapter)
         if problem:
             problems.append(problem)
         else:

@@ -19,7 +19,7 @@ import outcome
 import trio
 
 from omni_trio.abort_delivery import AbortDelivery
-from omni_trio.config import PipelineConfig, import_string
+from omni_trio.config import PipelineConfig
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
     DuplicateRequestId,
@@ -32,6 +32,7 @@ from omni_trio.errors import (
     RequestTimeout,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
+from omni_trio.hooks import import_string
 from omni_trio.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.pipeline_stats import PipelineHealth, PipelineStats

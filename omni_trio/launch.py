@@ -33,8 +33,9 @@ from typing import Protocol
 
 import trio
 
-from omni_trio.config import PipelineConfig, import_string
+from omni_trio.config import PipelineConfig
 from omni_trio.errors import StageStartupError
+from omni_trio.hooks import import_string
 from omni_trio.template import TemplateDied, TemplateProcess
 from omni_trio.tracing import get_logger
 

@@ -27,7 +27,7 @@ from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_ow
 from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.segments import remove_segments
 from omni_trio.comm.transfer import tensor_bytes
-from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports, import_string
+from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig, check_imports
 from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.curve import Curve, CurveKeys, new_curve_keys
 from omni_trio.control.deaths import WorkerDeaths
@@ -37,6 +37,7 @@ from omni_trio.control.links import RemoteStageLink
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError, Terminated
+from omni_trio.hooks import import_string
 from omni_trio.payload import StagePayload
 from omni_trio.processes import host_of
 from omni_trio.replicas import ReplicaDispatcher

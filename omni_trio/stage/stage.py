@@ -23,8 +23,9 @@ import trio
 
 from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.router import TransportLog
-from omni_trio.config import StageConfig, import_string
+from omni_trio.config import StageConfig
 from omni_trio.errors import StageStartupError
+from omni_trio.hooks import import_string
 from omni_trio.idset import BoundedIdSet
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
 from omni_trio.scheduling.busy import BusyTime
