@@ -16,17 +16,15 @@ import itertools
 import math
 import uuid
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from omni_trio.errors import SessionClosed
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import SESSION_METADATA_KEY
+from omni_trio.request_stream import RequestStream
 from omni_trio.scheduling.session import SessionOperation
-
-if TYPE_CHECKING:
-    from omni_trio.coordinator import Coordinator
 
 #: How long closing a session may take; bounded because it runs shielded from cancellation.
 CLOSE_DEADLINE_S = 30.0
@@ -66,6 +64,18 @@ def session_targets(
     return stages, stages
 
 
+class SessionRequests(Protocol):
+    """What a session needs of its pipeline (the coordinator): running its operations as requests."""
+
+    async def submit(
+        self, request_id: str, inputs: Any, *, metadata: dict[str, Any] | None = None, deadline: float | None = None
+    ) -> Any:
+        """Run one request to completion and return its result."""
+
+    def stream(self, request_id: str, inputs: Any, *, metadata: dict[str, Any] | None = None) -> RequestStream:
+        """Run one request and iterate over its stream chunks and completions."""
+
+
 class Session:
     """One open session of a pipeline (see the module docstring).
 
@@ -75,7 +85,7 @@ class Session:
     ``<session_id>/<token>/<op>/<n>``, unique per ``Session`` object.
     """
 
-    def __init__(self, pipeline: Coordinator, session_id: str, stages: list[str]) -> None:
+    def __init__(self, pipeline: SessionRequests, session_id: str, stages: list[str]) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise ValueError(f"session ids are non-empty strings, got {session_id!r}")
         self.session_id = session_id

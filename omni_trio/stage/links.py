@@ -18,7 +18,6 @@ from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.payload import StagePayload, StreamItem
 
 if TYPE_CHECKING:
-    from omni_trio.coordinator import Coordinator
     from omni_trio.stage.stage import Stage
 
 
@@ -52,6 +51,16 @@ class CoordinatorLink(Protocol):
         self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
     ) -> None:
         """Deliver consecutive stream chunks (ids ``first_chunk_id, ...``) of a terminal stage to the caller."""
+
+
+class CoordinatorReports(Protocol):
+    """What a stage's same-process edge reports to: the coordinator's side of :class:`CoordinatorLink`."""
+
+    def on_complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
+        """A stage reported a terminal result, or a failure (``error`` set)."""
+
+    def on_stream(self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None) -> None:
+        """A terminal stage streamed a chunk."""
 
 
 class LocalStageLink:
@@ -89,7 +98,7 @@ class LocalCoordinatorLink:
     counts what each stage hands the caller (as ``local_object`` to ``"coordinator"``).
     """
 
-    def __init__(self, coordinator: Coordinator, transports: Callable[[str], TransportLog]) -> None:
+    def __init__(self, coordinator: CoordinatorReports, transports: Callable[[str], TransportLog]) -> None:
         self._coordinator = coordinator
         self._transports = transports
 
