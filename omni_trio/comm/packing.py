@@ -267,7 +267,8 @@ def _count_in(container: dict[Any, Any] | list[Any] | tuple[Any, ...], seen: set
         if type(node) in _LEAVES or id(node) in seen:
             continue
         if isinstance(node, (dict, list, tuple)):
-            total += _count_in(node, seen)
+            if node:  # an empty one is not worth a call
+                total += _count_in(node, seen)
         elif isinstance(node, torch.Tensor):
             seen.add(id(node))
             total += node.numel() * node.element_size()
