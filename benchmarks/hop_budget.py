@@ -1,6 +1,8 @@
 """The per-step cost of one process hop, each step measured in isolation (tracing off).
 
-Run: ``python benchmarks/hop_budget.py`` (from the repository root, in the test venv). Prints one line per
+Run: ``python benchmarks/hop_budget.py`` (from the repository root, in the test venv; ``--embedded``: only
+the embedded pipelines, which also run against older trees, e.g. ``PYTHONPATH=<old tree>``, for an A/B;
+the steps that name newer modules import them where they are measured). Prints one line per
 step of the hop a W1/W2 payload takes between two worker processes, in microseconds (median of many
 calls), and the end-to-end numbers they add up against: a raw pyzmq one-way message between two trio
 loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``. torch is imported
@@ -12,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +23,8 @@ import trio
 import zmq
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
-from omni_trio.comm.transfer import decode_object, encode_inline
+from omni_trio.comm.transfer import decode_object, encode_inline, tensor_bytes
 from omni_trio.control import messages as m
-from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.codec import decode, encode
 from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.scheduling import IncomingMessage, SimpleScheduler
@@ -52,6 +52,8 @@ def _payload() -> StagePayload:
 
 def codec_steps() -> dict[str, float]:
     """Sender and receiver steps of the control message and its inline DataRef."""
+    from omni_trio.control.auth import FrameMac, new_secret
+
     payload = _payload()
     kw: dict[str, Any] = {"sender": "s0", "target": "s1", "object_id": "req-000001:payload:s0:s1:7",
                           "kind": DataRefKind.stage_payload}
@@ -91,6 +93,113 @@ def codec_steps() -> dict[str, float]:
         "trio: checkpoint": _trio_checkpoint_us(),
         "trio: nursery.start_soon + task run": _trio_spawn_us(),
     }
+
+
+def in_process_steps() -> dict[str, float]:
+    """Steps a message pays inside one process: the byte count of an in-process edge, compute
+    tracking around a compute, a request's cancel scope, and a result's sends on two lanes."""
+    from omni_trio.scheduling import BusyTime
+    from omni_trio.scheduling._support import RunningComputes
+    from omni_trio.stage.scopes import RequestScopes
+    payload = _payload()
+    busy, computes = BusyTime(), RunningComputes()
+    scopes = RequestScopes()
+
+    def tracked() -> None:
+        computes.start(("req-000001",))
+        try:
+            busy.call(_noop, payload)
+        finally:
+            computes.finish(("req-000001",))
+
+    def scope() -> float:
+        async def main() -> float:
+            def enter() -> None:
+                with scopes.open("req-000001"):
+                    pass
+
+            return per_call_us(enter)
+
+        return trio.run(main)
+
+    return {
+        "in-process edge: tensor_bytes (W1 payload)": per_call_us(lambda: tensor_bytes(payload)),
+        "compute: bare call of a no-op compute_fn": per_call_us(lambda: _noop(payload)),
+        "compute: tracked (BusyTime.call + RunningComputes)": per_call_us(tracked),
+        "stage: a request's cancel scope (RequestScopes.open)": scope(),
+        "edge lanes: a result's sends to 2 destinations (fan_out)": _fan_out_us(),
+        "edge lanes: the same 2 sends awaited in turn (no lanes)": _fan_out_us(lanes=False),
+    }
+
+
+def _noop(payload: object) -> object:
+    return payload
+
+
+def _fan_out_us(lanes: bool = True, n: int = N) -> float:
+    """One result's two sends (no-op sends that checkpoint, as a socket send does) on idle lanes,
+    per call: the fastest of blocks of 100, inside one trio run."""
+
+    async def send() -> None:
+        await trio.lowlevel.checkpoint()
+
+    from omni_trio.stage.edges import EdgeQueues
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            edges = EdgeQueues(nursery)
+            blocks = []
+            for _ in range(n // 100 + 2):
+                start = time.perf_counter_ns()
+                for _ in range(100):
+                    if lanes:
+                        await edges.fan_out({"upper": send, "count": send})
+                    else:
+                        await send()
+                        await send()
+                blocks.append((time.perf_counter_ns() - start) / 100 / 1000)
+            nursery.cancel_scope.cancel()
+        return min(blocks[2:])
+
+    return trio.run(main)
+
+
+def embedded_request_us(blocks: int = 60, per: int = 20) -> dict[str, float]:
+    """CPU µs per request of the bench's W1, W6 and W7 shapes with every stage on the caller's loop
+    (``process=None``, ``inline=True``): no process hop, no thread, so what is left is the stages'
+    own Python (routing, lanes, byte counts, tracking, trio's task switches). Fastest block of
+    process CPU time, which the machine's other load does not inflate the way wall time does."""
+    import attrs
+
+    from omni_trio import bench
+    from omni_trio.runtime import open_pipeline
+
+    def embedded(config: Any) -> Any:
+        stages = [attrs.evolve(s, process=None, factory={"inline": True}) for s in config.stages]
+        return attrs.evolve(config, stages=stages)
+
+    async def per_request(config: Any, inputs: str) -> float:
+        async with open_pipeline(embedded(config)) as pipeline:
+            for i in range(100):
+                await pipeline.submit(f"warm-{i}", inputs)
+            best = []
+            for block in range(blocks):
+                start = time.process_time_ns()
+                for i in range(per):
+                    await pipeline.submit(f"r-{block}-{i}", inputs)
+                best.append((time.process_time_ns() - start) / per / 1000)
+        return min(best)
+
+    async def main() -> dict[str, float]:
+        return {
+            "embedded W1 (2-stage chain), CPU per request": await per_request(bench.chain_config(2), "x"),
+            "embedded W6 (split/upper/count/join), CPU per request": await per_request(
+                bench.fanin_config(), "hello omni trio world"
+            ),
+            "embedded W7 (4-stage chain), CPU per request": await per_request(bench.chain_config(4), "x"),
+        }
+
+    return trio.run(main)
 
 
 def _trio_checkpoint_us() -> float:
@@ -202,7 +311,16 @@ def main() -> int:
     """Print the budget."""
     global _trio_checkpoint_us_inline
     _trio_checkpoint_us_inline = _trio_checkpoint_us()
+    only_embedded = "--embedded" in sys.argv[1:]
+    if only_embedded:
+        rows = embedded_request_us()
+        width = max(len(k) for k in rows)
+        for name, value in rows.items():
+            print(f"{name:<{width}}  {value:8.1f} µs")
+        return 0
     rows = codec_steps()
+    rows.update(in_process_steps())
+    rows.update(embedded_request_us())
     rows["scheduler hand-off, round trip (default SimpleScheduler)"] = scheduler_handoff_us()
     rows["raw pyzmq round trip between two trio loops"] = zmq_round_trip_us()
     width = max(len(k) for k in rows)

@@ -54,6 +54,7 @@ __all__ = [
     "extract_tensors",
     "pack_tensors",
     "restore",
+    "tensor_nbytes",
     "tensor_path",
     "unpack_tensors",
     "write_packed",
@@ -237,6 +238,41 @@ def _walk(node: object, path: Path, leaf: Callable[[object, Path], object], acti
             return _rebuild_list(node, elems)
         return _rebuild_tuple(node, elems)
     return leaf(node, path)
+
+
+#: Types that hold no tensor, skipped by :func:`tensor_nbytes` before any ``isinstance`` check.
+_LEAVES = frozenset({str, bytes, int, float, bool, type(None)})
+
+
+def tensor_nbytes(obj: object) -> int:
+    """The bytes of the tensors :func:`extract_tensors` would find in ``obj`` (each tensor once).
+
+    A count only: nothing is rebuilt, no dtype is checked and a container met again (a cycle)
+    is not walked twice, so counting what an in-process edge carries costs a fraction of an
+    extraction and never fails.
+    """
+    if type(obj) in _LEAVES:
+        return 0
+    seen: set[int] = set()
+    if isinstance(obj, (dict, list, tuple)):
+        return _count_in(obj, seen)
+    return _count_in((obj,), seen)
+
+
+def _count_in(container: dict[Any, Any] | list[Any] | tuple[Any, ...], seen: set[int]) -> int:
+    """The bytes of the tensors in ``container`` not in ``seen`` (ids of tensors and containers met)."""
+    seen.add(id(container))
+    total = 0
+    for node in container.values() if isinstance(container, dict) else container:
+        if type(node) in _LEAVES or id(node) in seen:
+            continue
+        if isinstance(node, (dict, list, tuple)):
+            if node:  # an empty one is not worth a call
+                total += _count_in(node, seen)
+        elif isinstance(node, torch.Tensor):
+            seen.add(id(node))
+            total += node.numel() * node.element_size()
+    return total
 
 
 def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:

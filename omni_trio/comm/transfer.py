@@ -23,10 +23,12 @@ on owner-only IPC sockets (see docs/design.md, trust model).
 
 from __future__ import annotations
 
+import functools
 import pickle
 import sys
 import weakref
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -121,9 +123,27 @@ def _split(obj: object) -> tuple[Callable[[Any], Any], object, dict[str, torch.T
 
 
 def tensor_bytes(obj: object) -> int:
-    """The bytes of the tensors ``obj`` carries (what a trace's ``bytes`` reports; 0 for none)."""
-    _, _, tensors = _split(obj)
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """The bytes of the tensors ``obj`` carries (what a trace's ``bytes`` reports; 0 for none).
+
+    Counted without extracting them (:func:`~omni_trio.comm.packing.tensor_nbytes`): in-process
+    edges count every payload they hand over, and nothing else walks it there.
+    """
+    if "torch" not in sys.modules:
+        return 0  # no tensor can exist in a process that never imported torch
+    count = _packing().tensor_nbytes
+    if isinstance(obj, StagePayload):
+        request = obj.request
+        return count((request.inputs, request.params, request.metadata, obj.data))
+    return count(obj)
+
+
+@functools.cache
+def _packing() -> ModuleType:
+    """:mod:`omni_trio.comm.packing`, imported on first use (it imports torch) and then cached:
+    an import statement run on every call costs a third of the count itself."""
+    from omni_trio.comm import packing
+
+    return packing
 
 
 def _inline_ref(

@@ -18,11 +18,18 @@ destination's messages in order, so each edge flows at its own consumer's pace.
   consumer stalled for good does, in the end, slow its producer down.
 
 A stage with a single edge keeps the inline drain: no task, no hand-off.
+
+What is awaited on a lane (a result's sends, a barrier) runs in the caller's own task when the
+lane is idle: nothing queued there and nothing being sent. The lane counts as busy meanwhile, so
+what is queued behind it still waits its turn, and no hand-off to the lane's task is paid. A
+result's sends to several destinations go at once: each on its lane's task except one, which
+the routing task sends itself.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -51,8 +58,32 @@ class _Lane:
     items: collections.deque[tuple[int, Work]] = attrs.field(factory=collections.deque)
     #: Chunks queued or being sent.
     queued: int = 0
+    #: Something is being sent on the lane: by its task, or by a caller that found it idle.
+    busy: bool = False
     has_items: trio.Event = attrs.field(factory=trio.Event)
     room: trio.Event = attrs.field(factory=trio.Event)
+
+
+class _Queued:
+    """One awaited item on a lane: its outcome once the lane ran it, and who to tell."""
+
+    def __init__(self, on_done: Callable[[bool], None] | None) -> None:
+        self.result: outcome.Outcome[None] | None = None
+        self._done = trio.Event()
+        self._on_done = on_done
+
+    async def run(self, work: Work) -> None:
+        """The lane's turn: run ``work``, keep its outcome (the lane's task never raises it)."""
+        self.result = await outcome.acapture(work)
+        self._done.set()
+        if self._on_done is not None:
+            self._on_done(isinstance(self.result, outcome.Error))
+
+    async def wait(self) -> None:
+        """Wait for the lane's turn, then return or raise as ``work`` did."""
+        await self._done.wait()
+        assert self.result is not None
+        self.result.unwrap()
 
 
 class EdgeQueues:
@@ -73,13 +104,17 @@ class EdgeQueues:
         """Lane items queued or being sent (a result being routed holds its request active instead)."""
         return self._items
 
-    async def send(self, destination: str, chunks: int, work: Work) -> None:
-        """Queue ``work`` (sending ``chunks`` chunks) on ``destination``'s lane, waiting while that
-        lane is full (an item larger than a lane goes alone)."""
+    def _lane(self, destination: str) -> _Lane:
         lane = self._lanes.get(destination)
         if lane is None:
             lane = self._lanes[destination] = _Lane()
             self._nursery.start_soon(self._serve, lane)
+        return lane
+
+    async def send(self, destination: str, chunks: int, work: Work) -> None:
+        """Queue ``work`` (sending ``chunks`` chunks) on ``destination``'s lane, waiting while that
+        lane is full (an item larger than a lane goes alone)."""
+        lane = self._lane(destination)
         while lane.queued and lane.queued + chunks > LANE_CHUNKS:
             lane.room = trio.Event()
             await lane.room.wait()
@@ -90,28 +125,60 @@ class EdgeQueues:
         lane.has_items.set()
 
     async def call(self, destination: str, work: Work) -> None:
-        """Run ``work`` on ``destination``'s lane, after what is queued there; return (or raise) as it does."""
-        finished = trio.Event()
-        result: list[outcome.Outcome[None]] = []
+        """Run ``work`` on ``destination``'s lane, after what is queued there; return (or raise) as it does.
 
-        async def run() -> None:
-            result.append(await outcome.acapture(work))
-            finished.set()
+        On an idle lane ``work`` runs in this task at once (see the module docstring)."""
+        lane = self._lane(destination)
+        if lane.busy or lane.items:
+            await self._queued(destination, work, None).wait()
+            return
+        lane.busy = True
+        self._outstanding += 1
+        try:
+            await work()
+        finally:
+            lane.busy = False
+            if lane.items:
+                lane.has_items.set()  # queued meanwhile: the lane's task takes over
+            self._finished()
 
-        await self.send(destination, 0, run)
-        await finished.wait()
-        result[0].unwrap()
+    def _queued(self, destination: str, work: Work, on_done: Callable[[bool], None] | None) -> _Queued:
+        """Queue ``work`` behind what ``destination``'s lane holds (never waits: it carries no chunks)."""
+        queued = _Queued(on_done)
+        lane = self._lane(destination)
+        lane.items.append((0, functools.partial(queued.run, work)))
+        self._items += 1
+        self._outstanding += 1
+        lane.has_items.set()
+        return queued
 
     async def fan_out(self, sends: dict[str, Work]) -> None:
         """Run each ``sends[destination]`` on its destination's lane, all at once; raise the first
-        error (a cancellation only when there is no other)."""
-        try:
-            async with trio.open_nursery() as nursery:
-                for destination, work in sends.items():
-                    nursery.start_soon(self.call, destination, work)
-        except BaseExceptionGroup as group:
-            errors = [error for error in group.exceptions if not isinstance(error, trio.Cancelled)]
-            raise (errors or list(group.exceptions))[0] from None
+        error (a cancellation only when there is no other).
+
+        The last destination is sent from this task (on its lane, :meth:`call`), the others by their
+        lanes' tasks: no task is started for it."""
+        if not sends:
+            return
+        *others, (last, last_work) = sends.items()
+        pending = len(others)
+        settled = trio.Event()
+
+        def on_done(failed: bool) -> None:
+            nonlocal pending
+            pending -= 1
+            if failed or not pending:
+                settled.set()
+
+        queued = [self._queued(destination, work, on_done) for destination, work in others]
+        mine = await outcome.acapture(self.call, last, last_work)
+        if others and not isinstance(mine, outcome.Error):
+            await settled.wait()
+        results = [mine, *(q.result for q in queued if q.result is not None)]
+        errors = [r.error for r in results if isinstance(r, outcome.Error)]
+        if errors:
+            real = [error for error in errors if not isinstance(error, trio.Cancelled)]
+            raise (real or errors)[0] from None
 
     async def reached(self, destination: str) -> None:
         """Return once ``destination``'s lane sent everything queued on it so far."""
@@ -120,14 +187,16 @@ class EdgeQueues:
 
     async def _serve(self, lane: _Lane) -> None:
         while True:
-            if not lane.items:
+            if not lane.items or lane.busy:
                 lane.has_items = trio.Event()
                 await lane.has_items.wait()
                 continue
             chunks, work = lane.items.popleft()
+            lane.busy = True
             try:
                 await work()
             finally:
+                lane.busy = False
                 lane.queued -= chunks
                 lane.room.set()
                 self._items -= 1
@@ -140,7 +209,11 @@ class EdgeQueues:
 
     async def route(self, work: Work) -> None:
         """Run ``work`` (routing one result) in its own task (waits while :data:`RESULTS_IN_FLIGHT` run)."""
-        await self._results.acquire()
+        try:
+            # Without a checkpoint while there is room: the drain goes on at once to its next output.
+            self._results.acquire_nowait()
+        except trio.WouldBlock:
+            await self._results.acquire()
         self._outstanding += 1
         self._nursery.start_soon(self._route, work)
 

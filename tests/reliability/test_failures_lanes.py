@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -95,3 +96,88 @@ async def test_edge_queues_keep_each_lane_in_order_and_bounded() -> None:
             await edges.flush()
             assert sent["slow"] == list(range(LANE_CHUNKS + 1)) and edges.queued == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_lane_sends_from_the_callers_task_and_keeps_its_order() -> None:
+    """An awaited send on an idle lane runs in the caller's task (no hand-off); what is queued on the
+    lane meanwhile is sent after it, in order."""
+    order: list[str] = []
+    tasks: list[object] = []
+    release = trio.Event()
+
+    async def first() -> None:
+        tasks.append(trio.lowlevel.current_task())
+        await release.wait()
+        order.append("first")
+
+    def later(name: str):
+        async def send() -> None:
+            order.append(name)
+
+        return send
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            edges = EdgeQueues(nursery)
+            caller_done = trio.Event()
+
+            async def caller() -> None:
+                tasks.append(trio.lowlevel.current_task())
+                await edges.call("a", first)
+                caller_done.set()
+
+            nursery.start_soon(caller)
+            await trio.testing.wait_all_tasks_blocked()
+            await edges.send("a", 1, later("chunk"))  # queued behind the running call
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == [] and edges.queued == 1
+            release.set()
+            await caller_done.wait()
+            await edges.reached("a")
+            assert order == ["first", "chunk"]
+            caller_task, sending_task = tasks
+            assert sending_task is caller_task
+            await edges.flush()
+            nursery.cancel_scope.cancel()
+
+
+async def test_fan_out_sends_every_destination_at_once_and_raises_the_error() -> None:
+    """Whichever destination of a fan-out is blocked (the one sent from the caller's task or one sent
+    by its lane), the others are sent meanwhile; a failing destination's error is raised."""
+    for blocked in ("a", "b"):
+        sent: list[str] = []
+        unblock = trio.Event()
+
+        def sender(name: str, blocked: str = blocked, sent: list[str] = sent, unblock: trio.Event = unblock):
+            async def send() -> None:
+                if name == blocked:
+                    await unblock.wait()
+                sent.append(name)
+
+            return send
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                edges = EdgeQueues(nursery)
+                done = trio.Event()
+
+                async def fan(edges: EdgeQueues = edges, done: trio.Event = done) -> None:
+                    await edges.fan_out({"a": sender("a"), "b": sender("b")})
+                    done.set()
+
+                nursery.start_soon(fan)
+                await trio.testing.wait_all_tasks_blocked()
+                assert sent == [name for name in ("a", "b") if name != blocked] and not done.is_set()
+                unblock.set()
+                await done.wait()
+                assert sorted(sent) == ["a", "b"]
+
+                async def fails() -> None:
+                    raise LookupError("no route")
+
+                with pytest.raises(LookupError, match="no route"):
+                    await edges.fan_out({"a": sender("a"), "b": fails})
+                with pytest.raises(LookupError, match="no route"):
+                    await edges.fan_out({"a": fails, "b": sender("b")})
+                await edges.flush()
+                nursery.cancel_scope.cancel()
