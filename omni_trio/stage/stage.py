@@ -227,6 +227,10 @@ class Stage:
                 self._nursery = nursery
                 if edge_count(self.config) > 1:
                     self._edges = EdgeQueues(nursery)
+                attach_loop = getattr(self.scheduler, "attach_loop", None)
+                if attach_loop is not None:
+                    # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py).
+                    attach_loop(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
