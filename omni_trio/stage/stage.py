@@ -242,7 +242,7 @@ class Stage:
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
-                source.close()
+            source.close()  # also after a drain that ended: it releases the source's doorbell
             self.stopped.set()
 
     def stop(self) -> None:
