@@ -3,7 +3,8 @@
 Run: ``python benchmarks/hop_budget.py`` (from the repository root, in the test venv). Prints one line per
 step of the hop a W1/W2 payload takes between two worker processes, in microseconds (median of many
 calls), and the end-to-end numbers they add up against: a raw pyzmq one-way message between two trio
-loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``. torch is imported
+loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``, cut into its segments
+next to the raw loop<->thread floors and the ``async def``-on-the-loop round trip. torch is imported
 first, as every stage module of a ported pipeline does (the data plane then walks payloads for tensors).
 """
 
@@ -254,6 +255,38 @@ def raw_thread_round_trip_us(rounds: int = 500) -> float:
     return trio.run(main)
 
 
+def raw_eventfd_round_trip_us(rounds: int = 500) -> float:
+    """The floor the stage's drain can reach: a ``queue.Queue`` to a thread, an eventfd write back that
+    the loop awaits with ``wait_readable`` (no ``run_sync_soon``), nothing else."""
+    import os
+    import queue
+
+    async def main() -> float:
+        inbox: queue.Queue[Any] = queue.Queue()
+        fd = os.eventfd(0, os.EFD_NONBLOCK)
+
+        def body() -> None:
+            while inbox.get() is not None:
+                os.eventfd_write(fd, 1)
+
+        worker = threading.Thread(target=body, daemon=True)
+        worker.start()
+        samples = []
+        for i in range(rounds + 50):
+            start = time.perf_counter_ns()
+            inbox.put(i)
+            await trio.lowlevel.wait_readable(fd)
+            os.eventfd_read(fd)
+            samples.append((time.perf_counter_ns() - start) / 1000)
+        inbox.put(None)
+        worker.join()
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+        return statistics.median(samples[50:])
+
+    return trio.run(main)
+
+
 def _zmq_echo(pull: str, push: str, count: int) -> None:
     async def main() -> None:
         ctx = zmq.Context()
@@ -313,6 +346,7 @@ def main() -> int:
     rows["scheduler hand-off, round trip (default SimpleScheduler)"] = scheduler_handoff_us()
     rows.update(handoff_segments())
     rows["floor: loop -> thread (queue.Queue) -> loop (run_sync_soon)"] = raw_thread_round_trip_us()
+    rows["floor: loop -> thread (queue.Queue) -> loop (eventfd)"] = raw_eventfd_round_trip_us()
     rows["async def compute on the loop, round trip"] = async_on_loop_us()
     rows["raw pyzmq round trip between two trio loops"] = zmq_round_trip_us()
     width = max(len(k) for k in rows)
