@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import trio
 
-from omni_trio.comm.alloc import SlotAllocator
+from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig, import_string
 from omni_trio.errors import StageStartupError
@@ -229,8 +229,10 @@ class Stage:
                     self._edges = EdgeQueues(nursery)
                 attach_loop = getattr(self.scheduler, "attach_loop", None)
                 if attach_loop is not None:
-                    # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py).
-                    attach_loop(nursery)
+                    # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py); its
+                    # tasks see the stage's pool, whose ot.empty falls back to torch.empty there (and traces why).
+                    with allocating(self._allocator):
+                        attach_loop(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
