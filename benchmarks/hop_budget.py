@@ -5,7 +5,8 @@ the embedded pipelines, which also run against older trees, e.g. ``PYTHONPATH=<o
 the steps that name newer modules import them where they are measured). Prints one line per
 step of the hop a W1/W2 payload takes between two worker processes, in microseconds (median of many
 calls), and the end-to-end numbers they add up against: a raw pyzmq one-way message between two trio
-loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``. torch is imported
+loops (half a round trip) and a thread hand-off of the default ``SimpleScheduler``, cut into its segments
+next to the raw loop<->thread floors and the ``async def``-on-the-loop round trip. torch is imported
 first, as every stage module of a ported pipeline does (the data plane then walks payloads for tensors).
 """
 
@@ -27,7 +28,7 @@ from omni_trio.comm.transfer import decode_object, encode_inline, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.codec import decode, encode
 from omni_trio.payload import OmniRequest, StagePayload
-from omni_trio.scheduling import IncomingMessage, SimpleScheduler
+from omni_trio.scheduling import IncomingMessage, Outbox, SimpleScheduler
 from omni_trio.stage.bridge import SchedulerThread, outbox_source
 
 N = 3000
@@ -256,6 +257,145 @@ def scheduler_handoff_us(rounds: int = 500) -> float:
     return trio.run(main)
 
 
+def handoff_segments(rounds: int = 500) -> dict[str, float]:
+    """The default SimpleScheduler's round trip cut into its segments (medians, µs): enqueue on the loop
+    -> compute starts on the scheduler thread -> the compute's result is put into the outbox -> the
+    stage's drain has it (``next_batch`` returned on the loop). Timestamps from ``perf_counter_ns``,
+    one clock for both threads; the outbox is the stage's own (its ``_put`` is the put's lock-held part)."""
+    stamps: dict[str, int] = {}
+
+    def compute(payload: int) -> int:
+        stamps["compute"] = time.perf_counter_ns()
+        return payload
+
+    class StampedOutbox(Outbox):
+        def _put(self, item: Any) -> None:
+            stamps["put"] = time.perf_counter_ns()
+            super()._put(item)
+
+    async def main() -> dict[str, float]:
+        scheduler = SimpleScheduler(compute)
+        scheduler.outbox = StampedOutbox()
+        thread = SchedulerThread("s", scheduler)
+        source = outbox_source("s", scheduler.outbox)
+        thread.start()
+        await thread.warm.wait()
+        rows: dict[str, list[float]] = {"enqueue -> compute": [], "compute -> outbox put": [],
+                                        "outbox put -> drain has it": [], "round trip": []}
+        for i in range(rounds + 50):
+            start = time.perf_counter_ns()
+            scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
+            batch = await source.next_batch()
+            end = time.perf_counter_ns()
+            assert batch[0].data == i
+            rows["enqueue -> compute"].append((stamps["compute"] - start) / 1000)
+            rows["compute -> outbox put"].append((stamps["put"] - stamps["compute"]) / 1000)
+            rows["outbox put -> drain has it"].append((end - stamps["put"]) / 1000)
+            rows["round trip"].append((end - start) / 1000)
+        scheduler.stop()
+        source.close()
+        await thread.finished.wait()
+        return {f"hand-off: {name}": statistics.median(values[50:]) for name, values in rows.items()}
+
+    return trio.run(main)
+
+
+def async_on_loop_us(rounds: int = 500) -> float:
+    """Round trip of one request through a SimpleScheduler whose compute is ``async def``, attached to
+    the loop as a stage attaches it: enqueue -> a runner task computes -> the outbox put wakes the drain."""
+
+    async def compute(payload: int) -> int:
+        return payload
+
+    async def main() -> float:
+        scheduler = SimpleScheduler(compute)
+        thread = SchedulerThread("s", scheduler)
+        source = outbox_source("s", scheduler.outbox)
+        thread.start()
+        await thread.warm.wait()
+        samples = []
+        async with trio.open_nursery() as nursery:
+            scheduler.attach_loop(nursery)
+            for i in range(rounds + 50):
+                start = time.perf_counter_ns()
+                scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
+                batch = await source.next_batch()
+                samples.append((time.perf_counter_ns() - start) / 1000)
+                assert batch[0].data == i
+            scheduler.stop()
+        source.close()
+        await thread.finished.wait()
+        return statistics.median(samples[50:])
+
+    return trio.run(main)
+
+
+def raw_thread_round_trip_us(rounds: int = 500) -> float:
+    """The floor: a ``queue.Queue`` from the loop to a thread, ``run_sync_soon`` back, nothing else."""
+    import queue
+
+    async def main() -> float:
+        token = trio.lowlevel.current_trio_token()
+        inbox: queue.Queue[Any] = queue.Queue()
+        back: list[Any] = []
+        done = trio.lowlevel.ParkingLot()
+
+        def arrived(item: Any) -> None:
+            back.append(item)
+            done.unpark()
+
+        def body() -> None:
+            while (item := inbox.get()) is not None:
+                token.run_sync_soon(arrived, item)
+
+        worker = threading.Thread(target=body, daemon=True)
+        worker.start()
+        samples = []
+        for i in range(rounds + 50):
+            start = time.perf_counter_ns()
+            inbox.put(i)
+            await done.park()
+            samples.append((time.perf_counter_ns() - start) / 1000)
+            assert back.pop() == i
+        inbox.put(None)
+        worker.join()
+        return statistics.median(samples[50:])
+
+    return trio.run(main)
+
+
+def raw_eventfd_round_trip_us(rounds: int = 500) -> float:
+    """The floor the stage's drain can reach: a ``queue.Queue`` to a thread, an eventfd write back that
+    the loop awaits with ``wait_readable`` (no ``run_sync_soon``), nothing else."""
+    import os
+    import queue
+
+    async def main() -> float:
+        inbox: queue.Queue[Any] = queue.Queue()
+        fd = os.eventfd(0, os.EFD_NONBLOCK)
+
+        def body() -> None:
+            while inbox.get() is not None:
+                os.eventfd_write(fd, 1)
+
+        worker = threading.Thread(target=body, daemon=True)
+        worker.start()
+        samples = []
+        for i in range(rounds + 50):
+            start = time.perf_counter_ns()
+            inbox.put(i)
+            await trio.lowlevel.wait_readable(fd)
+            os.eventfd_read(fd)
+            samples.append((time.perf_counter_ns() - start) / 1000)
+        inbox.put(None)
+        worker.join()
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+        return statistics.median(samples[50:])
+
+    return trio.run(main)
+
+
 def _zmq_echo(pull: str, push: str, count: int) -> None:
     async def main() -> None:
         ctx = zmq.Context()
@@ -322,6 +462,10 @@ def main() -> int:
     rows.update(in_process_steps())
     rows.update(embedded_request_us())
     rows["scheduler hand-off, round trip (default SimpleScheduler)"] = scheduler_handoff_us()
+    rows.update(handoff_segments())
+    rows["floor: loop -> thread (queue.Queue) -> loop (run_sync_soon)"] = raw_thread_round_trip_us()
+    rows["floor: loop -> thread (queue.Queue) -> loop (eventfd)"] = raw_eventfd_round_trip_us()
+    rows["async def compute on the loop, round trip"] = async_on_loop_us()
     rows["raw pyzmq round trip between two trio loops"] = zmq_round_trip_us()
     width = max(len(k) for k in rows)
     for name, value in rows.items():

@@ -12,7 +12,7 @@ Pipelines built from these pieces:
 * text: ``tokenize -> embed``;
 * streaming speech: ``talker --stream--> vocoder`` (the vocoder is terminal);
 * omni-modal fan-out/fan-in: ``preprocess -> (text_encoder, image_encoder) -> thinker``;
-* a slow stage for abort and deadline demos: ``slow_echo``;
+* a slow stage for abort and deadline demos: ``slow_echo``; an ``async def`` one: ``fetch``;
 * tensors between processes: ``pcm_talker --stream--> pcm_vocoder``;
 * a stage that takes its whole process down: ``exit_on`` (placement demos only).
 """
@@ -104,6 +104,19 @@ class PinnedPolicy:
         if any(replica.index == wanted for replica in replicas):
             return int(wanted)
         return min(replicas, key=lambda replica: (replica.in_flight, replica.index)).index
+
+
+def create_fetch(concurrency: int = 4) -> SimpleScheduler:
+    """An ``async def`` compute (e.g. a call to a remote service): it runs on the stage's trio loop,
+    ``concurrency`` requests at a time, and awaits ``request.params["seconds"]``; an abort cancels it."""
+    import trio
+
+    async def fetch(payload: StagePayload) -> StagePayload:
+        await trio.sleep(float(payload.request.params.get("seconds", 0)))
+        payload.data = {"text": str(payload.request.inputs).upper(), "thread": threading.get_ident()}
+        return payload
+
+    return SimpleScheduler(fetch, max_concurrency=concurrency)
 
 
 def create_slow_echo() -> SimpleScheduler:

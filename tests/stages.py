@@ -602,3 +602,34 @@ def create_sum_inputs():
         return payload
 
     return SimpleScheduler(fn)
+
+
+def create_async_append(tag: str, max_concurrency: int = 1, threaded: bool = False):
+    """An ``async def`` compute (it runs on the stage's loop): appends ``tag``; for the word "poison"
+    raises; with a ``sleep`` param awaits ``trio.sleep`` that long first; with a ``marker`` param
+    writes ``<marker>.started`` once it runs and ``<marker>.cancelled`` if it is cancelled (an abort).
+    ``threaded``: a ThreadedSimpleScheduler instead of a SimpleScheduler."""
+    import trio
+
+    from omni_trio import ThreadedSimpleScheduler
+
+    def mark(path: str | None, suffix: str) -> None:
+        if path is not None:
+            with open(f"{path}.{suffix}", "w", encoding="ascii") as handle:
+                handle.write(str(threading.get_ident()))
+
+    async def compute(payload: StagePayload) -> StagePayload:
+        if payload.request.inputs == "poison":
+            raise ValueError("async compute refused 'poison'")
+        marker = payload.request.params.get("marker")
+        mark(marker, "started")
+        try:
+            await trio.sleep(float(payload.request.params.get("sleep", 0)))
+        except trio.Cancelled:
+            mark(marker, "cancelled")
+            raise
+        return append_tag(payload, tag)
+
+    if threaded:
+        return ThreadedSimpleScheduler(compute, max_concurrency=max_concurrency)
+    return SimpleScheduler(compute, max_concurrency=max_concurrency)

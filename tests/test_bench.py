@@ -119,3 +119,27 @@ def test_quick_tcp_rows_between_namespaces(tmp_path: Path) -> None:
         for metric, value in metrics.items():
             assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
     assert results["W5-tcp"]["chunks_per_request"] == 50
+
+
+async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_path: Path) -> None:
+    """The first chunk of a stream is sent by itself from both stages (the rest follows in runs),
+    so it never waits for a run of chunks to fill; read from the trace of the real W5 pipeline."""
+    import trio
+
+    import omni_trio as ot
+    from omni_trio.bench import stream_config
+
+    trace = tmp_path / "w5.jsonl"
+    with trio.fail_after(60):
+        async with ot.open_pipeline(stream_config(40), trace=str(trace)) as pipeline:
+            for i in range(3):
+                async with pipeline.stream(f"r{i}", "x", params={"chunks": 40}) as events:
+                    chunks = [event async for event in events if isinstance(event, ot.StreamMessage)]
+                assert len(chunks) == 40
+    sends = [e for e in ot.read_trace(str(trace)) if e["event"] == "comm_stream_send"]
+    for i in range(3):
+        for stage in ("talker", "vocoder"):
+            mine = sorted((e["chunk_id"], e["chunk_count"]) for e in sends
+                          if e["request_id"] == f"r{i}" and e["from_stage"] == stage)
+            assert mine[0] == (0, 1), (stage, mine)
+            assert sum(count for _, count in mine) == 40

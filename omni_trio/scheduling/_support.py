@@ -148,7 +148,7 @@ def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop | No
                 result.close()
             raise TypeError(
                 f"{getattr(fn, '__qualname__', fn)!r} returned an awaitable, but inline compute must be "
-                "synchronous; drop inline=True to run async compute on the scheduler thread"
+                "synchronous; drop inline=True (an async def compute_fn then runs on the stage's event loop)"
             )
         return loop.run(result)
     return result

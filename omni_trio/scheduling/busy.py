@@ -36,11 +36,14 @@ class BusyTime:
         try:
             return fn(*args, **kwargs)
         finally:
-            elapsed = time.perf_counter_ns() - start
-            cell = getattr(self._local, "cell", None)
-            if cell is None:
-                cell = self._new_cell()
-            cell[0] += elapsed  # only this thread writes its cell
+            self.add(time.perf_counter_ns() - start)
+
+    def add(self, elapsed_ns: int) -> None:
+        """Add ``elapsed_ns`` measured by the caller (an ``async`` compute on the stage's loop)."""
+        cell = getattr(self._local, "cell", None)
+        if cell is None:
+            cell = self._new_cell()
+        cell[0] += elapsed_ns  # only this thread writes its cell
 
     def _new_cell(self) -> list[int]:
         cell = [0]

@@ -78,7 +78,10 @@ class StageScheduler(Protocol):
 
     Optional members a scheduler may add: ``enqueue(msg)`` (used instead of
     ``inbox.put`` for ``new_request``; runs on the event loop and must not
-    block), and ``claim_result(result, terminal=...) -> bool`` with
+    block), ``attach_loop(nursery)`` (the stage calls it on its event loop
+    before serving: the scheduler may run async compute as tasks of that
+    nursery, see ``scheduling/on_loop.py``), and
+    ``claim_result(result, terminal=...) -> bool`` with
     ``release_result(result, delivered=...)`` for schedulers that own their
     results.
     """

@@ -13,8 +13,11 @@ import contextvars
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import trio
 
 from omni_trio.scheduling._support import (
     WAKEUP,
@@ -32,6 +35,7 @@ from omni_trio.scheduling._support import (
 )
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
+from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -60,6 +64,12 @@ class SimpleScheduler(BatchingOptions):
     ``max_pending`` bounds the requests waiting to start: :meth:`enqueue` of
     a further ``new_request`` raises :class:`QueueFullError` (the stage fails
     that request, which the caller sees as ``RequestFailed``). None: unbounded.
+
+    Where ``compute_fn`` runs, in a stage: an ``async def`` compute function
+    (without ``batch_compute_fn``) runs on the stage's trio event loop, up to
+    ``max_concurrency`` requests at a time, with no thread hand-off (it must
+    await, never block; an abort cancels it); a plain function runs on the
+    scheduler thread (or its ``max_concurrency`` worker threads).
 
     ``inline=True`` is for a ``compute_fn`` that is quick and never blocks
     (routing, light preprocessing, a merge): it runs in :meth:`enqueue`, on
@@ -116,6 +126,12 @@ class SimpleScheduler(BatchingOptions):
         self._live_workers = 0
         #: How long compute ran here (``stats()``'s ``busy_seconds``).
         self.busy = BusyTime()
+        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on threads.
+        self._on_loop = (
+            LoopComputes(self._run_one_async, self.max_concurrency)
+            if is_async_callable(compute_fn) and batch_compute_fn is None and not inline
+            else None
+        )
 
     # ------------------------------------------------------------------
     # StageScheduler contract
@@ -130,6 +146,15 @@ class SimpleScheduler(BatchingOptions):
             self._serve_concurrently()
         else:
             self._serve_serially()
+        if self._on_loop is not None:
+            # The computes on the stage's loop finish before the scheduler counts as stopped.
+            self._on_loop.wait_finished()
+
+    def attach_loop(self, nursery: trio.Nursery) -> None:
+        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
+        from now on (nothing happens for a plain one)."""
+        if self._on_loop is not None:
+            self._on_loop.attach(nursery)
 
     def stop(self) -> None:
         """Make ``start`` return; safe before, during or after ``start``, and repeatable.
@@ -140,6 +165,8 @@ class SimpleScheduler(BatchingOptions):
         """
         self._stopping.set()
         self.inbox.put(WAKEUP)
+        if self._on_loop is not None:
+            self._on_loop.stop()
         with self._shutdown_lock:
             callback, self._shutdown_callback = self._shutdown_callback, None
         call_logged(callback, what=f"{type(self).__name__} shutdown_callback")
@@ -151,6 +178,8 @@ class SimpleScheduler(BatchingOptions):
         """
         if self._aborted.add(request_id):
             call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+        if self._on_loop is not None:
+            self._on_loop.cancel(request_id)
 
     def enqueue(self, msg: IncomingMessage) -> None:
         """Hand a message to the scheduler (stage event loop; never blocks).
@@ -159,10 +188,14 @@ class SimpleScheduler(BatchingOptions):
         can account for the request before the scheduler thread sees it.
         Raises :class:`QueueFullError` beyond ``max_pending`` waiting requests.
         """
-        refuse_if_full(self.max_pending, msg, self.inbox, self.pending_messages)
+        loop = self._on_loop if self._on_loop is not None and self._on_loop.attached else None
+        refuse_if_full(self.max_pending, msg, self.inbox, self.pending_messages if loop is None else loop.waiting)
         if msg.type == "new_request" and self.request_arrival_hook is not None:
             self.request_arrival_hook(msg.data)
-        if not self.inline:
+        if loop is not None:
+            if msg.type == "new_request" and not self._skip_before_compute(msg):
+                loop.submit(msg)
+        elif not self.inline:
             self.inbox.put(msg)
         elif msg.type == "new_request" and not self._skip_before_compute(msg):
             self._run_one(msg, None)
@@ -354,6 +387,26 @@ class SimpleScheduler(BatchingOptions):
         if self.is_aborted(request_id):
             return
         self._emit_result(request_id, result)
+
+    async def _run_one_async(self, msg: IncomingMessage) -> None:
+        """:meth:`_run_one` for an ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
+        request_id = msg.request_id
+        if self._skip_before_compute(msg):
+            return
+        started = time.perf_counter_ns()
+        self._computes.start((request_id,))
+        try:
+            result = await self.compute_fn(msg.data)
+        except Exception as exc:
+            if not self.is_aborted(request_id):
+                logger.exception("%s: compute_fn failed for %s", type(self).__name__, request_id)
+                self._emit_error(request_id, exc)
+            return
+        finally:
+            self._computes.finish((request_id,))
+            self.busy.add(time.perf_counter_ns() - started)
+        if not self.is_aborted(request_id):
+            self._emit_result(request_id, result)
 
     def _skip_before_compute(self, msg: IncomingMessage) -> bool:
         """True if ``msg``'s request was aborted and must not be computed.

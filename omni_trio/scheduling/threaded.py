@@ -13,9 +13,12 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import trio
 
 from omni_trio.scheduling._support import (
     WAKEUP,
@@ -31,6 +34,7 @@ from omni_trio.scheduling._support import (
 )
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
+from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -46,6 +50,11 @@ class ThreadedSimpleScheduler:
     already running it finishes unobserved); ``abort_callback`` runs at abort
     time and again when an aborted or cancelled future completes, so cleanup
     also sees side effects of a compute that finished after the abort.
+
+    In a stage, an ``async def`` ``compute_fn`` runs on the stage's trio
+    event loop instead of the pool (up to ``max_concurrency`` at once, no
+    thread hand-off; an abort cancels it, and ``abort_callback`` runs again
+    once the cancelled compute ended); a plain one runs on the pool.
     """
 
     def __init__(
@@ -90,6 +99,12 @@ class ThreadedSimpleScheduler:
         self._stopping = False
         #: How long compute ran here (``stats()``'s ``busy_seconds``; a ``dispatch_fn``'s work is not seen).
         self.busy = BusyTime()
+        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on the pool.
+        self._on_loop = (
+            LoopComputes(self._run_one_async, self.max_concurrency)
+            if dispatch_fn is None and self.max_concurrency is not None and is_async_callable(compute_fn)
+            else None
+        )
 
     def warm_up_serving_thread(self) -> None:
         """Build thread-local state on the scheduler thread (nothing by default)."""
@@ -101,9 +116,18 @@ class ThreadedSimpleScheduler:
                 msg = self.inbox.get()
                 if msg.type == "new_request":
                     self._dispatch(msg)
+            if self._on_loop is not None:
+                # The computes on the stage's loop finish before the scheduler counts as stopped.
+                self._on_loop.wait_finished()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def attach_loop(self, nursery: trio.Nursery) -> None:
+        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
+        from now on (nothing happens for a plain one)."""
+        if self._on_loop is not None:
+            self._on_loop.attach(nursery)
 
     def stop(self) -> None:
         """Make ``start`` return promptly; queued pool work is cancelled, not awaited."""
@@ -111,11 +135,18 @@ class ThreadedSimpleScheduler:
             self._stopping = True
             self._cond.notify_all()
         self.inbox.put(WAKEUP)
+        if self._on_loop is not None:
+            self._on_loop.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` wherever it is; quick and thread-safe."""
+        if self._on_loop is not None and self._on_loop.attached:
+            self._speculative.add(request_id)  # a queued one is skipped, a running one cancelled
+            self._on_loop.cancel(request_id)
+            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+            return
         with self._cond:
             future = self._pending.pop(request_id, None)
             if future is not None:
@@ -134,7 +165,12 @@ class ThreadedSimpleScheduler:
 
         Raises :class:`QueueFullError` beyond ``max_pending`` requests waiting for a slot.
         """
-        refuse_if_full(self.max_pending, msg, self.inbox)
+        loop = self._on_loop if self._on_loop is not None and self._on_loop.attached else None
+        refuse_if_full(self.max_pending, msg, self.inbox, () if loop is None else loop.waiting)
+        if loop is not None:
+            if msg.type == "new_request":
+                loop.submit(msg)
+            return
         if msg.type == "new_request":
             with self._cond:
                 if self._speculative.pop(msg.request_id):
@@ -216,6 +252,34 @@ class ThreadedSimpleScheduler:
         finally:
             self._computes.finish((request_id,))
             loop.close()
+
+    async def _run_one_async(self, msg: IncomingMessage) -> None:
+        """One request's ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
+        request_id = msg.request_id
+        if self._speculative.pop(request_id):
+            return  # aborted while it waited
+        assert self.compute_fn is not None
+        started = time.perf_counter_ns()
+        self._computes.start((request_id,))
+        try:
+            result = await self.compute_fn(msg.data)
+        except BaseException as exc:
+            if self._speculative.pop(request_id):
+                # Aborted (and cancelled): late cleanup, as for a pool compute that ends after its abort.
+                call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+            elif isinstance(exc, Exception):
+                logger.error("ThreadedSimpleScheduler: compute failed for %s", request_id, exc_info=exc)
+                self.outbox.put(error_message(request_id, exc))
+            if not isinstance(exc, Exception):
+                raise  # a cancellation belongs to its scope
+            return
+        finally:
+            self._computes.finish((request_id,))
+            self.busy.add(time.perf_counter_ns() - started)
+        if self._speculative.pop(request_id):
+            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
+            return
+        self.outbox.put(result_message(request_id, result))
 
     def _finish(self, request_id: str, future: Future[Any]) -> None:
         with self._cond:

@@ -13,7 +13,9 @@ never block. Two crossings, neither of which polls:
   while it is in flight coalesces into the next batch. For an
   :class:`~omni_trio.scheduling.Outbox`
   (every built-in scheduler's) an :class:`OutboxWaiter`, which takes what is
-  queued and otherwise arms the outbox to wake it on the next ``put``; for
+  queued and otherwise arms the outbox to wake it on the next ``put`` (from a
+  scheduler thread by ringing a :class:`Doorbell`, an eventfd the drain
+  awaits: one write, and trio's epoll reschedules the drain directly); for
   any other ``queue.Queue`` an :class:`OutboxPump`, a thread that blocks on
   ``outbox.get()`` and hands batches to a trio memory channel (one more
   thread hand-off per batch). A semaphore bounds the pump's batches in
@@ -24,10 +26,13 @@ never block. Two crossings, neither of which polls:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 import queue
 import threading
+import weakref
 from typing import Any, Protocol
 
 import trio
@@ -116,13 +121,53 @@ def outbox_source(stage_name: str, outbox: queue.Queue[OutgoingMessage]) -> Outb
     return OutboxPump(stage_name, outbox)
 
 
+class Doorbell:
+    """An eventfd that any thread rings and the stage's drain awaits on its trio loop.
+
+    A ring is one ``write`` that wakes the loop's epoll, which reschedules the
+    waiting drain task itself: no ``run_sync_soon``, so no trio entry-queue
+    task (and its extra scheduler tick) between the put and the drain.
+    """
+
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # Also closed when the waiter is dropped without close() (a test): nothing can ring it by then.
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
+
+    def ring(self) -> None:
+        """Wake the waiter (any thread; never blocks: the counter cannot overflow at one per put)."""
+        os.eventfd_write(self._fd, 1)
+
+    async def wait(self) -> None:
+        """Until rung since the last wait (at once if it was)."""
+        await trio.lowlevel.wait_readable(self._fd)
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._fd)
+
+    def close(self) -> None:
+        """Release the fd (on the loop; nothing may ring it any more)."""
+        if self._finalizer.alive:
+            trio.lowlevel.notify_closing(self._fd)
+            self._finalizer()
+
+
 class OutboxWaiter:
-    """Drains an :class:`Outbox` on trio's thread; the outbox's ``put`` wakes it."""
+    """Drains an :class:`Outbox` on trio's thread; the outbox's ``put`` wakes it.
+
+    How it waits follows who put last: after a put from another thread (a
+    scheduler thread) the drain waits on its :class:`Doorbell`, which the
+    next put rings; after a put on the loop itself (inline or ``async def``
+    compute) on a ``trio.Event``, which the next put sets (no syscall). A put
+    of the other kind still wakes it (``run_sync_soon`` sets the event, a ring
+    is a ring from any thread), only a little slower.
+    """
 
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
+        self._bell = Doorbell()
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
+        self._thread_puts = True  # who put last: another thread (the default schedulers' case) or the loop
         outbox.attach(self._trio_thread)  # puts on the loop (inline compute) never wait for the stream bound
 
     def start(self) -> None:
@@ -132,12 +177,15 @@ class OutboxWaiter:
         """Take what is queued, else sleep until the next put and take only the first message then."""
         limit = DRAIN_BATCH
         while True:
-            arrived = trio.Event()
+            arrived = None if self._thread_puts else trio.Event()
             batch = self._outbox.take_or_arm(limit, functools.partial(self._wake, arrived))
             if batch:
                 return batch
             try:
-                await arrived.wait()
+                if arrived is None:
+                    await self._bell.wait()
+                else:
+                    await arrived.wait()
             except BaseException:
                 self._outbox.disarm()
                 raise
@@ -145,17 +193,22 @@ class OutboxWaiter:
             # kept the GIL queued more meanwhile; those coalesce into the next batch while it is sent.
             limit = 1
 
-    def _wake(self, arrived: trio.Event) -> None:
+    def _wake(self, arrived: trio.Event | None) -> None:
         # Runs on the putting thread, inside the outbox's lock: never block here.
-        if threading.get_ident() == self._trio_thread:
+        on_loop = threading.get_ident() == self._trio_thread
+        self._thread_puts = not on_loop
+        if arrived is None:
+            self._bell.ring()
+        elif on_loop:
             arrived.set()
         else:
             _post(self._token, arrived.set)
 
     def close(self) -> None:
-        """Disarm the outbox, and let every put through: nobody drains any more."""
+        """Disarm the outbox, let every put through (nobody drains any more) and release the bell."""
         self._outbox.disarm()
         self._outbox.stop_blocking()
+        self._bell.close()
 
 
 class OutboxPump:

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import trio
 
-from omni_trio.comm.alloc import SlotAllocator
+from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig
 from omni_trio.errors import StageStartupError
@@ -228,6 +228,12 @@ class Stage:
                 self._nursery = nursery
                 if edge_count(self.config) > 1:
                     self._edges = EdgeQueues(nursery)
+                attach_loop = getattr(self.scheduler, "attach_loop", None)
+                if attach_loop is not None:
+                    # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py); its
+                    # tasks see the stage's pool, whose ot.empty falls back to torch.empty there (and traces why).
+                    with allocating(self._allocator):
+                        attach_loop(nursery)
                 nursery.start_soon(self._drain, source)
                 nursery.start_soon(self._watch_scheduler)
                 task_status.started()
@@ -239,7 +245,7 @@ class Stage:
             if not self._drain_done.is_set():
                 # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
                 self._stop_threads()
-                source.close()
+            source.close()  # also after a drain that ended: it releases the source's doorbell
             self.stopped.set()
 
     def stop(self) -> None:

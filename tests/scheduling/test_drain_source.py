@@ -5,7 +5,9 @@ from __future__ import annotations
 import queue
 import threading
 
+import pytest
 import trio
+import trio.testing
 
 from omni_trio.scheduling import Outbox, OutgoingMessage
 from omni_trio.stage.bridge import DRAIN_BATCH, OutboxPump, OutboxWaiter
@@ -61,6 +63,33 @@ async def test_a_producer_thread_gated_after_its_first_chunk_still_gets_it_deliv
             while len(received) < 6:
                 received += ids(await waiter.next_batch())
     assert received == list(range(6))
+
+
+async def test_the_waiter_wakes_for_puts_from_the_loop_and_from_threads_in_any_order() -> None:
+    # It waits on its doorbell after a thread's put and on a trio event after the loop's own put; a put
+    # of the other kind must wake it all the same.
+    import os
+
+    outbox = Outbox()
+    waiter = OutboxWaiter(outbox)
+    fd = waiter._bell._fd  # the test checks that close() releases it
+    order = ["thread", "thread", "loop", "loop", "thread", "loop", "thread"]
+    with trio.fail_after(10):
+        for i, where in enumerate(order):
+            async with trio.open_nursery() as nursery:
+
+                async def drain_one(expected: int = i) -> None:
+                    assert ids(await waiter.next_batch()) == [expected]
+
+                nursery.start_soon(drain_one)
+                await trio.testing.wait_all_tasks_blocked()  # the waiter armed the outbox and sleeps
+                if where == "loop":
+                    outbox.put(chunk(i))
+                else:
+                    await trio.to_thread.run_sync(outbox.put, chunk(i))
+    waiter.close()
+    with pytest.raises(OSError):  # close() released the doorbell's eventfd
+        os.fstat(fd)
 
 
 class _Entered(queue.Queue[OutgoingMessage]):
