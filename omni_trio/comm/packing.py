@@ -420,7 +420,7 @@ def unpack_tensors(
     torch keeps a reference to the memoryview but no buffer export, so the
     close succeeds and the tensors dangle. Copy the mapping into
     ``torch.empty(n, dtype=torch.uint8)`` first, or let reference counting
-    own the mapping (see :func:`omni_trio.comm.shm.read_segment`).
+    own the mapping (see :func:`omni_trio.comm.oneshot.read_segment`).
 
     Device restore (SPEC §8.5): a CPU source stays on CPU; a source of the
     received device type stays; an accelerator source is moved to
