@@ -113,16 +113,40 @@ class RemoteProcess:
     kill = terminate
 
 
-class ManualWorkers:
-    """The caller's side of the ``manual`` launcher: key files out, joins in, connections watched."""
+@attrs.define(eq=False)
+class _Incarnation:
+    """One join of a process: the listener it sends to (its own: nothing of it is accepted once it is
+    superseded), and the caller's watched connection to it."""
 
-    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str], object], key_dir: Path) -> None:
+    process: str
+    number: int
+    listener: TrioSocket | None = None
+    watch: TrioSocket | None = None
+    monitor: TrioSocket | None = None
+    current: bool = True
+
+
+class ManualWorkers:
+    """The caller's side of the ``manual`` launcher: key files out, joins in, connections watched.
+
+    Each join is an *incarnation* of its process (numbered from 1): the worker sends everything to
+    a listener of its own (:meth:`Endpoint.receive_also`), named in its spec. When its connection
+    drops (or it is given up on) the incarnation is superseded at once: what still arrives from it
+    is dropped (counted, :attr:`superseded_messages`) and its sockets are closed, so a worker that
+    lost its connection but lives on (a partition) can never reach the state of the next one.
+    """
+
+    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str, str], object], key_dir: Path) -> None:
         self._endpoint = endpoint
-        #: ``make_spec(process) -> WorkerSpec`` (built when the worker joins: it has the peers' addresses).
+        #: ``make_spec(process, main) -> WorkerSpec``, ``main`` where the worker reaches the caller
+        #: (built when the worker joins: it has the peers' addresses).
         self._make_spec = make_spec
         self._key_dir = key_dir
         self._expected: dict[str, RemoteProcess] = {}
-        self._watches: list[TrioSocket] = []
+        self._written: set[str] = set()
+        self._joins: dict[str, int] = {}
+        #: Per process, messages of superseded incarnations dropped.
+        self.superseded_messages: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         endpoint.on(m.Join, self._on_join)
 
@@ -140,12 +164,15 @@ class ManualWorkers:
         self, process: str, nursery: trio.Nursery, *, key_file: KeyFile | None = None,
         on_kill: Callable[[], None] | None = None,
     ) -> RemoteProcess:
-        """Wait for ``process`` to join; the stand-in for its process. With ``key_file``, write it
-        (the ``manual`` launcher) and log the command that starts the worker."""
+        """Wait for ``process`` to join (again, after a restart); the stand-in for its process. With
+        ``key_file``, write it once (the ``manual`` launcher: a restarted worker uses the same file)
+        and log the command that starts the worker."""
         self._nursery = nursery
         if key_file is not None:
             path = self._key_dir / f"{process}.key"
-            key_file.write(path)
+            if process not in self._written:
+                key_file.write(path)
+                self._written.add(process)
             log.warning(
                 "waiting_for_manual_worker", process=process, host=key_file.host, key_file=str(path),
                 command=f"omni-trio worker --join {key_file.join} --key {path}",
@@ -154,36 +181,81 @@ class ManualWorkers:
         return remote
 
     async def _on_join(self, message: m.Join) -> None:
-        remote = self._expected.get(message.process)
-        if remote is None or remote.joined.is_set() or not message.endpoint.startswith("tcp://"):
-            log.warning("unexpected_join", process=message.process)
+        process = message.process
+        remote = self._expected.get(process)
+        join = self._endpoint.tcp_endpoint
+        if remote is None or remote.joined.is_set() or not message.endpoint.startswith("tcp://") or join is None:
+            log.warning("unexpected_join", process=process)
             return
         remote.pid = message.pid
-        self._endpoint.learn_address(message.process, message.endpoint)
+        number = self._joins[process] = self._joins.get(process, 0) + 1
+        incarnation = _Incarnation(process, number)
+
+        def admit() -> bool:
+            if not incarnation.current:
+                self._dropped(process)
+            return incarnation.current
+
+        # Its own listener, on the caller's host (any free port): superseding it closes that door.
+        incarnation.listener = self._endpoint.receive_also(f"{join.rsplit(':', 1)[0]}:*", admit)
+        self._endpoint.learn_address(process, message.endpoint)
         # A connection of our own to the worker: its drop is the worker's death.
-        watch = connect_push(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        watch = incarnation.watch = connect_push(self._endpoint.context, message.endpoint, self._endpoint.policy)
         self._endpoint.adopt(watch)
-        monitor = TrioSocket(watch.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED))
+        monitor = incarnation.monitor = TrioSocket(
+            watch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        )
         self._endpoint.adopt(monitor)
-        spec = pickle.dumps(self._make_spec(message.process))
+        spec = pickle.dumps(self._make_spec(process, incarnation.listener.source))
         await watch.send_multipart(encode(m.JoinSpec(spec=spec)))
         remote.joined.set()
-        log.info("manual_worker_joined", process=message.process, pid=message.pid, endpoint=message.endpoint)
+        log.info(
+            "manual_worker_joined", process=process, pid=message.pid, endpoint=message.endpoint, incarnation=number
+        )
         assert self._nursery is not None
-        self._nursery.start_soon(_watch, monitor, remote)
+        self._nursery.start_soon(self._watch, incarnation, remote)
+
+    async def _watch(self, incarnation: _Incarnation, remote: RemoteProcess) -> None:
+        """Until the worker's connection drops or it is given up on (``remote.kill``); then supersede it."""
+        assert incarnation.monitor is not None
+        with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket, at the latest
+            async with trio.open_nursery() as nursery:
+
+                async def given_up() -> None:
+                    await remote.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(given_up)
+                await _dropped(incarnation.monitor)
+                nursery.cancel_scope.cancel()
+        log.info("manual_worker_connection_closed", process=incarnation.process, pid=remote.pid)
+        self._supersede(incarnation)
+        remote.gone()
+
+    def _supersede(self, incarnation: _Incarnation) -> None:
+        """Nothing of ``incarnation`` is accepted from now on; its sockets close."""
+        incarnation.current = False
+        listener = incarnation.listener
+        if listener is not None and not listener.closed:
+            while listener.recv_nowait() is not None:
+                self._dropped(incarnation.process)
+        for sock in (incarnation.listener, incarnation.monitor, incarnation.watch):
+            if sock is not None:
+                self._endpoint.release(sock)
+
+    def _dropped(self, process: str) -> None:
+        count = self.superseded_messages[process] = self.superseded_messages.get(process, 0) + 1
+        if count & (count - 1) == 0:  # 1st, 2nd, 4th...: a flood must not flood the log
+            log.warning("superseded_message_dropped", process=process, dropped=count)
 
 
-async def _watch(monitor: TrioSocket, remote: RemoteProcess) -> None:
-    with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
-        connected = False
-        while True:
-            try:
-                event = parse_monitor_message(await monitor.recv_multipart())
-            except trio.ClosedResourceError:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                connected = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED and connected:
-                log.info("manual_worker_connection_closed", pid=remote.pid)
-                remote.gone()
-                return
+async def _dropped(monitor: TrioSocket) -> None:
+    """Return once the monitored connection dropped (or the monitor closed). Only the drop is awaited,
+    not the handshake first: one done before the monitor was attached is never reported."""
+    while True:
+        try:
+            event = parse_monitor_message(await monitor.recv_multipart())
+        except trio.ClosedResourceError:
+            return
+        if event["event"] == zmq.EVENT_DISCONNECTED:
+            return
