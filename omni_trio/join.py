@@ -20,6 +20,7 @@ a host that is gone stops answering heartbeats within :data:`~omni_trio.control.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -89,6 +90,8 @@ class RemoteProcess:
 
     def __init__(self, on_kill: Callable[[], None] | None = None) -> None:
         self._on_kill = on_kill
+        #: Set when it joined: supersedes its incarnation, the moment it is gone (nothing of it is accepted after).
+        self.on_gone: Callable[[], None] | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
         self.stdin: None = None
@@ -101,14 +104,16 @@ class RemoteProcess:
         return self.returncode
 
     def gone(self) -> None:
-        """The worker's connection dropped."""
+        """The worker's connection dropped (or it was given up on)."""
+        if not self._gone.is_set() and self.on_gone is not None:
+            self.on_gone()
         self._gone.set()
 
     def terminate(self) -> None:
         """Stop waiting for the worker (and kill it where its launcher can: a Ray actor)."""
         if self._on_kill is not None:
             self._on_kill()
-        self._gone.set()
+        self.gone()
 
     kill = terminate
 
@@ -206,6 +211,7 @@ class ManualWorkers:
             watch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         )
         self._endpoint.adopt(monitor)
+        remote.on_gone = functools.partial(self._supersede, incarnation)
         spec = pickle.dumps(self._make_spec(process, incarnation.listener.source))
         await watch.send_multipart(encode(m.JoinSpec(spec=spec)))
         remote.joined.set()
@@ -216,24 +222,18 @@ class ManualWorkers:
         self._nursery.start_soon(self._watch, incarnation, remote)
 
     async def _watch(self, incarnation: _Incarnation, remote: RemoteProcess) -> None:
-        """Until the worker's connection drops or it is given up on (``remote.kill``); then supersede it."""
+        """Until the worker's connection drops (or it is given up on, which closes the monitor)."""
         assert incarnation.monitor is not None
         with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket, at the latest
-            async with trio.open_nursery() as nursery:
-
-                async def given_up() -> None:
-                    await remote.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(given_up)
-                await _dropped(incarnation.monitor)
-                nursery.cancel_scope.cancel()
-        log.info("manual_worker_connection_closed", process=incarnation.process, pid=remote.pid)
-        self._supersede(incarnation)
+            await _dropped(incarnation.monitor)
+        if incarnation.current:
+            log.info("manual_worker_connection_closed", process=incarnation.process, pid=remote.pid)
         remote.gone()
 
     def _supersede(self, incarnation: _Incarnation) -> None:
         """Nothing of ``incarnation`` is accepted from now on; its sockets close."""
+        if not incarnation.current:
+            return
         incarnation.current = False
         listener = incarnation.listener
         if listener is not None and not listener.closed:
