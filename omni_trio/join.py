@@ -98,6 +98,11 @@ class RemoteProcess:
         self.joined = trio.Event()
         self._gone = trio.Event()
 
+    @property
+    def given_up(self) -> bool:
+        """Gone (its connection dropped, or it was given up on): it never joins again."""
+        return self._gone.is_set()
+
     async def wait(self) -> int | None:
         """Until the worker is gone."""
         await self._gone.wait()
@@ -124,7 +129,6 @@ class _Incarnation:
     superseded), and the caller's watched connection to it."""
 
     process: str
-    number: int
     listener: TrioSocket | None = None
     watch: TrioSocket | None = None
     monitor: TrioSocket | None = None
@@ -189,16 +193,19 @@ class ManualWorkers:
         process = message.process
         remote = self._expected.get(process)
         join = self._endpoint.tcp_endpoint
-        if remote is None or remote.joined.is_set() or not message.endpoint.startswith("tcp://") or join is None:
+        # A worker given up on before it joined (its attempt timed out) is not waited for any more.
+        if remote is None or remote.joined.is_set() or remote.given_up or join is None or not (
+            message.endpoint.startswith("tcp://")
+        ):
             log.warning("unexpected_join", process=process)
             return
         remote.pid = message.pid
         number = self._joins[process] = self._joins.get(process, 0) + 1
-        incarnation = _Incarnation(process, number)
+        incarnation = _Incarnation(process)
 
         def admit() -> bool:
             if not incarnation.current:
-                self._dropped(process)
+                self._count_superseded(process)
             return incarnation.current
 
         # Its own listener, on the caller's host (any free port): superseding it closes that door.
@@ -238,12 +245,12 @@ class ManualWorkers:
         listener = incarnation.listener
         if listener is not None and not listener.closed:
             while listener.recv_nowait() is not None:
-                self._dropped(incarnation.process)
+                self._count_superseded(incarnation.process)
         for sock in (incarnation.listener, incarnation.monitor, incarnation.watch):
             if sock is not None:
                 self._endpoint.release(sock)
 
-    def _dropped(self, process: str) -> None:
+    def _count_superseded(self, process: str) -> None:
         count = self.superseded_messages[process] = self.superseded_messages.get(process, 0) + 1
         if count & (count - 1) == 0:  # 1st, 2nd, 4th...: a flood must not flood the log
             log.warning("superseded_message_dropped", process=process, dropped=count)

@@ -45,11 +45,6 @@ class RemoteWorkers:
         await self._ray.start(process, placement, self._manual.key(process, ""))
         return remote
 
-    @property
-    def superseded_messages(self) -> dict[str, int]:
-        """Per process, the messages of its superseded incarnations that were dropped."""
-        return dict(self._manual.superseded_messages)
-
     async def close(self) -> None:
         """Kill what is left of the run's Ray actors."""
         await self._ray.close()
