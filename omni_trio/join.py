@@ -16,6 +16,11 @@ The caller keeps a connection of its own to each joined worker, with ZMTP heartb
 with a socket monitor: the worker is dead when it drops (a killed process's socket closes at once;
 a host that is gone stops answering heartbeats within :data:`~omni_trio.control.zmq_trio.HEARTBEAT_TIMEOUT_MS`).
 :class:`RemoteProcess` stands for such a worker where the supervisor expects a process.
+
+A restarted group's worker (``restart="on-failure"``: the same command, run again by an orchestrator)
+joins as a new *incarnation*, reaching the caller at a listener of its own; the old incarnation is
+superseded the moment its connection dropped, so nothing it still sends is accepted
+(:class:`ManualWorkers`).
 """
 
 from __future__ import annotations
