@@ -34,14 +34,12 @@ from pathlib import Path
 
 import attrs
 import trio
-import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_trio import TrioSocket, connect_push
+from omni_trio.control.zmq_trio import TrioSocket, connect_watched, wait_dropped
 from omni_trio.tracing import get_logger
 
 __all__ = ["KeyFile", "ManualWorkers", "RemoteProcess"]
@@ -217,11 +215,9 @@ class ManualWorkers:
         incarnation.listener = self._endpoint.receive_also(f"{join.rsplit(':', 1)[0]}:*", admit)
         self._endpoint.learn_address(process, message.endpoint)
         # A connection of our own to the worker: its drop is the worker's death.
-        watch = incarnation.watch = connect_push(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        watch, monitor = connect_watched(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        incarnation.watch, incarnation.monitor = watch, monitor
         self._endpoint.adopt(watch)
-        monitor = incarnation.monitor = TrioSocket(
-            watch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        )
         self._endpoint.adopt(monitor)
         remote.on_gone = functools.partial(self._supersede, incarnation)
         spec = pickle.dumps(self._make_spec(process, incarnation.listener.source))
@@ -237,7 +233,7 @@ class ManualWorkers:
         """Until the worker's connection drops (or it is given up on, which closes the monitor)."""
         assert incarnation.monitor is not None
         with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket, at the latest
-            await _dropped(incarnation.monitor)
+            await wait_dropped(incarnation.monitor)
         if incarnation.current:
             log.info("manual_worker_connection_closed", process=incarnation.process, pid=remote.pid)
         remote.gone()
@@ -259,15 +255,3 @@ class ManualWorkers:
         count = self.superseded_messages[process] = self.superseded_messages.get(process, 0) + 1
         if count & (count - 1) == 0:  # 1st, 2nd, 4th...: a flood must not flood the log
             log.warning("superseded_message_dropped", process=process, dropped=count)
-
-
-async def _dropped(monitor: TrioSocket) -> None:
-    """Return once the monitored connection dropped (or the monitor closed). Only the drop is awaited,
-    not the handshake first: one done before the monitor was attached is never reported."""
-    while True:
-        try:
-            event = parse_monitor_message(await monitor.recv_multipart())
-        except trio.ClosedResourceError:
-            return
-        if event["event"] == zmq.EVENT_DISCONNECTED:
-            return

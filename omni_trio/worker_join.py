@@ -27,7 +27,6 @@ from typing import Any
 import attrs
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from omni_trio.comm.shm import freeze_creation, remove_segments
 from omni_trio.config import MAIN_PROCESS, EndpointsConfig
@@ -35,7 +34,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
 from omni_trio.join import KeyFile
 from omni_trio.supervisor import WorkerSpec
 
@@ -53,23 +52,13 @@ async def _spec_from(pull: TrioSocket) -> bytes:
 
 
 async def _exit_when_dropped(monitor: TrioSocket, release: Callable[[], None]) -> None:
-    """Once the monitored connection to the caller dropped: ``release()`` what this worker holds and exit.
-
-    Only the drop is awaited, not the handshake first: a handshake done before the monitor was
-    attached (a fast one, on one host) is never reported, while a drop always is."""
-    while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_DISCONNECTED:
-        pass
+    """Once the watched connection to the caller dropped: ``release()`` what this worker holds and exit."""
+    await wait_dropped(monitor)
     # Out at once: a stage's thread may be stuck in user code, and nobody waits for its results.
     release()
     print(f"omni-trio worker {os.getpid()}: the connection to the caller dropped; exiting", file=sys.stderr)
     sys.stderr.flush()
     os._exit(1)
-
-
-def _monitored(ctx: zmq.Context[Any], address: str, policy: SocketPolicy) -> tuple[TrioSocket, TrioSocket]:
-    """A connection to the caller at ``address``, and its monitor."""
-    sock = connect_push(ctx, address, policy)
-    return sock, TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
 
 
 def _release(shm_prefix: str, local_dir: str) -> None:
@@ -91,7 +80,7 @@ async def join(join_address: str, key: KeyFile) -> None:
         Curve(key.curve, process=key.process),
     )
     pull = bind_pull(ctx, f"tcp://{key.host}:*", policy)
-    to_caller, monitor = _monitored(ctx, key.join, policy)
+    to_caller, monitor = connect_watched(ctx, key.join, policy)
     sockets = [to_caller, monitor]
     local_dir: str | None = None
     try:
@@ -107,7 +96,7 @@ async def join(join_address: str, key: KeyFile) -> None:
         spec = attrs.evolve(spec, ipc_dir=local_dir, trace_path=trace)
         run_policy = attrs.evolve(policy, max_message_bytes=spec.config.endpoints.max_message_bytes)
         # The caller's listener for this incarnation: closed when the caller gives it up.
-        to_incarnation, incarnation_monitor = _monitored(ctx, spec.tcp[MAIN_PROCESS], policy)
+        to_incarnation, incarnation_monitor = connect_watched(ctx, spec.tcp[MAIN_PROCESS], policy)
         sockets += [to_incarnation, incarnation_monitor]
         release = functools.partial(_release, spec.shm_prefix, local_dir)
         async with trio.open_nursery() as nursery:
