@@ -25,6 +25,8 @@ log = get_logger(__name__)
 
 #: ``StageConfig.restart`` values: a dead worker ends the pipeline, or is started again.
 RESTART_POLICIES = ("never", "on-failure")
+#: ``StageConfig.restart_backoff_s`` by default: the wait before a dead worker's first restart.
+DEFAULT_RESTART_BACKOFF_S = 0.1
 #: The process name of stages placed in the caller's process (``process=None``).
 MAIN_PROCESS = "main"
 # A worker's name names its socket and spec files: one plain path component.
@@ -137,9 +139,11 @@ class StageConfig:
 
     ``restart`` is the policy of the stage's worker process: ``"never"`` (a
     death ends the pipeline) or ``"on-failure"`` (the process is started
-    again, at most ``max_restarts`` times over the pipeline's life). It is a
-    property of the process, so every stage of one process must agree; it
-    has no effect on a stage with ``process=None``.
+    again, at most ``max_restarts`` times over the pipeline's life, the first
+    time after ``restart_backoff_s`` seconds, each further attempt after twice
+    the wait of the one before). It is a property of the process, so every
+    stage of one process must agree; it has no effect on a stage with
+    ``process=None``.
 
     ``replicas=N`` runs the stage's whole process group in N worker
     processes, ``<process>@r0`` to ``<process>@r{N-1}``; each request is
@@ -169,6 +173,7 @@ class StageConfig:
     comm: CommConfig | None = None
     restart: str = "never"
     max_restarts: int = 3
+    restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
     replicas: int = 1
     replica_factory: list[dict[str, Any]] | None = attrs.field(default=None, converter=_optional_list)
     replica_policy: str | None = attrs.field(default=None, converter=_optional_dotted)
@@ -337,6 +342,11 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         problems.append(
             ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
         )
+    backoff = stage.restart_backoff_s
+    if not isinstance(backoff, (int, float)) or isinstance(backoff, bool) or not 0 <= backoff < float("inf"):
+        problems.append(
+            ConfigProblem(f"{at}.restart_backoff_s", f"expected a number of seconds >= 0, got {backoff!r}")
+        )
     return problems + _replica_problems(at, stage)
 
 
@@ -394,6 +404,7 @@ def _process_problems(at: str, process: object) -> list[ConfigProblem]:
 _GROUP_FIELDS = {
     "restart": "restart policy",
     "max_restarts": "restart policy",
+    "restart_backoff_s": "restart policy",
     "replicas": "replica count (a group is replicated together)",
     "replica_policy": "replica policy",
 }
@@ -589,7 +600,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _endpoints_problems(config.endpoints)
     problems += _start_method_problems(config)
     problems += _serve_problems(config.serve)
-    groups = {s.process: {"replicas": s.replicas, "restart": s.restart} for s in config.stages if s.process}
+    groups = {s.process: {"replicas": s.replicas} for s in config.stages if s.process}
     problems += processes_problems(config.processes, groups)
     problems += edge_problems(config.processes, _process_edges(config, known))
     problems += _graph_problems(config, known)

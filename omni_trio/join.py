@@ -16,10 +16,16 @@ The caller keeps a connection of its own to each joined worker, with ZMTP heartb
 with a socket monitor: the worker is dead when it drops (a killed process's socket closes at once;
 a host that is gone stops answering heartbeats within :data:`~omni_trio.control.zmq_trio.HEARTBEAT_TIMEOUT_MS`).
 :class:`RemoteProcess` stands for such a worker where the supervisor expects a process.
+
+A restarted group's worker (``restart="on-failure"``: the same command, run again by an orchestrator)
+joins as a new *incarnation*, reaching the caller at a listener of its own; the old incarnation is
+superseded the moment its connection dropped, so nothing it still sends is accepted
+(:class:`ManualWorkers`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -28,14 +34,12 @@ from pathlib import Path
 
 import attrs
 import trio
-import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_trio import TrioSocket, connect_push
+from omni_trio.control.zmq_trio import TrioSocket, connect_watched, wait_dropped
 from omni_trio.tracing import get_logger
 
 __all__ = ["KeyFile", "ManualWorkers", "RemoteProcess"]
@@ -89,11 +93,18 @@ class RemoteProcess:
 
     def __init__(self, on_kill: Callable[[], None] | None = None) -> None:
         self._on_kill = on_kill
+        #: Set when it joined: supersedes its incarnation, the moment it is gone (nothing of it is accepted after).
+        self.on_gone: Callable[[], None] | None = None
         self.pid: int | None = None
         self.returncode: int | None = None
         self.stdin: None = None
         self.joined = trio.Event()
         self._gone = trio.Event()
+
+    @property
+    def given_up(self) -> bool:
+        """Gone (its connection dropped, or it was given up on): it never joins again."""
+        return self._gone.is_set()
 
     async def wait(self) -> int | None:
         """Until the worker is gone."""
@@ -101,28 +112,53 @@ class RemoteProcess:
         return self.returncode
 
     def gone(self) -> None:
-        """The worker's connection dropped."""
+        """The worker's connection dropped (or it was given up on)."""
+        if not self._gone.is_set() and self.on_gone is not None:
+            self.on_gone()
         self._gone.set()
 
     def terminate(self) -> None:
         """Stop waiting for the worker (and kill it where its launcher can: a Ray actor)."""
         if self._on_kill is not None:
             self._on_kill()
-        self._gone.set()
+        self.gone()
 
     kill = terminate
 
 
-class ManualWorkers:
-    """The caller's side of the ``manual`` launcher: key files out, joins in, connections watched."""
+@attrs.define(eq=False)
+class _Incarnation:
+    """One join of a process: the listener it sends to (its own: nothing of it is accepted once it is
+    superseded), and the caller's watched connection to it."""
 
-    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str], object], key_dir: Path) -> None:
+    process: str
+    listener: TrioSocket | None = None
+    watch: TrioSocket | None = None
+    monitor: TrioSocket | None = None
+    current: bool = True
+
+
+class ManualWorkers:
+    """The caller's side of the ``manual`` launcher: key files out, joins in, connections watched.
+
+    Each join is an *incarnation* of its process (numbered from 1): the worker sends everything to
+    a listener of its own (:meth:`Endpoint.receive_also`), named in its spec. When its connection
+    drops (or it is given up on) the incarnation is superseded at once: what still arrives from it
+    is dropped (counted, :attr:`superseded_messages`) and its sockets are closed, so a worker that
+    lost its connection but lives on (a partition) can never reach the state of the next one.
+    """
+
+    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str, str], object], key_dir: Path) -> None:
         self._endpoint = endpoint
-        #: ``make_spec(process) -> WorkerSpec`` (built when the worker joins: it has the peers' addresses).
+        #: ``make_spec(process, main) -> WorkerSpec``, ``main`` where the worker reaches the caller
+        #: (built when the worker joins: it has the peers' addresses).
         self._make_spec = make_spec
         self._key_dir = key_dir
         self._expected: dict[str, RemoteProcess] = {}
-        self._watches: list[TrioSocket] = []
+        self._written: set[str] = set()
+        self._joins: dict[str, int] = {}
+        #: Per process, messages of superseded incarnations dropped.
+        self.superseded_messages: dict[str, int] = {}
         self._nursery: trio.Nursery | None = None
         endpoint.on(m.Join, self._on_join)
 
@@ -140,12 +176,15 @@ class ManualWorkers:
         self, process: str, nursery: trio.Nursery, *, key_file: KeyFile | None = None,
         on_kill: Callable[[], None] | None = None,
     ) -> RemoteProcess:
-        """Wait for ``process`` to join; the stand-in for its process. With ``key_file``, write it
-        (the ``manual`` launcher) and log the command that starts the worker."""
+        """Wait for ``process`` to join (again, after a restart); the stand-in for its process. With
+        ``key_file``, write it once (the ``manual`` launcher: a restarted worker uses the same file)
+        and log the command that starts the worker."""
         self._nursery = nursery
         if key_file is not None:
             path = self._key_dir / f"{process}.key"
-            key_file.write(path)
+            if process not in self._written:
+                key_file.write(path)
+                self._written.add(process)
             log.warning(
                 "waiting_for_manual_worker", process=process, host=key_file.host, key_file=str(path),
                 command=f"omni-trio worker --join {key_file.join} --key {path}",
@@ -154,36 +193,65 @@ class ManualWorkers:
         return remote
 
     async def _on_join(self, message: m.Join) -> None:
-        remote = self._expected.get(message.process)
-        if remote is None or remote.joined.is_set() or not message.endpoint.startswith("tcp://"):
-            log.warning("unexpected_join", process=message.process)
+        process = message.process
+        remote = self._expected.get(process)
+        join = self._endpoint.tcp_endpoint
+        # A worker given up on before it joined (its attempt timed out) is not waited for any more.
+        if remote is None or remote.joined.is_set() or remote.given_up or join is None or not (
+            message.endpoint.startswith("tcp://")
+        ):
+            log.warning("unexpected_join", process=process)
             return
         remote.pid = message.pid
-        self._endpoint.learn_address(message.process, message.endpoint)
+        number = self._joins[process] = self._joins.get(process, 0) + 1
+        incarnation = _Incarnation(process)
+
+        def admit() -> bool:
+            if not incarnation.current:
+                self._count_superseded(process)
+            return incarnation.current
+
+        # Its own listener, on the caller's host (any free port): superseding it closes that door.
+        incarnation.listener = self._endpoint.receive_also(f"{join.rsplit(':', 1)[0]}:*", admit)
+        self._endpoint.learn_address(process, message.endpoint)
         # A connection of our own to the worker: its drop is the worker's death.
-        watch = connect_push(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        watch, monitor = connect_watched(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        incarnation.watch, incarnation.monitor = watch, monitor
         self._endpoint.adopt(watch)
-        monitor = TrioSocket(watch.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED))
         self._endpoint.adopt(monitor)
-        spec = pickle.dumps(self._make_spec(message.process))
+        remote.on_gone = functools.partial(self._supersede, incarnation)
+        spec = pickle.dumps(self._make_spec(process, incarnation.listener.source))
         await watch.send_multipart(encode(m.JoinSpec(spec=spec)))
         remote.joined.set()
-        log.info("manual_worker_joined", process=message.process, pid=message.pid, endpoint=message.endpoint)
+        log.info(
+            "manual_worker_joined", process=process, pid=message.pid, endpoint=message.endpoint, incarnation=number
+        )
         assert self._nursery is not None
-        self._nursery.start_soon(_watch, monitor, remote)
+        self._nursery.start_soon(self._watch, incarnation, remote)
 
+    async def _watch(self, incarnation: _Incarnation, remote: RemoteProcess) -> None:
+        """Until the worker's connection drops (or it is given up on, which closes the monitor)."""
+        assert incarnation.monitor is not None
+        with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket, at the latest
+            await wait_dropped(incarnation.monitor)
+        if incarnation.current:
+            log.info("manual_worker_connection_closed", process=incarnation.process, pid=remote.pid)
+        remote.gone()
 
-async def _watch(monitor: TrioSocket, remote: RemoteProcess) -> None:
-    with trio.CancelScope(shield=True):  # ends when the endpoint closes the socket
-        connected = False
-        while True:
-            try:
-                event = parse_monitor_message(await monitor.recv_multipart())
-            except trio.ClosedResourceError:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                connected = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED and connected:
-                log.info("manual_worker_connection_closed", pid=remote.pid)
-                remote.gone()
-                return
+    def _supersede(self, incarnation: _Incarnation) -> None:
+        """Nothing of ``incarnation`` is accepted from now on; its sockets close."""
+        if not incarnation.current:
+            return
+        incarnation.current = False
+        listener = incarnation.listener
+        if listener is not None and not listener.closed:
+            while listener.recv_nowait() is not None:
+                self._count_superseded(incarnation.process)
+        for sock in (incarnation.listener, incarnation.monitor, incarnation.watch):
+            if sock is not None:
+                self._endpoint.release(sock)
+
+    def _count_superseded(self, process: str) -> None:
+        count = self.superseded_messages[process] = self.superseded_messages.get(process, 0) + 1
+        if count & (count - 1) == 0:  # 1st, 2nd, 4th...: a flood must not flood the log
+            log.warning("superseded_message_dropped", process=process, dropped=count)

@@ -93,12 +93,6 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
         group = groups.get(name, {})
         if group.get("replicas", 1) != 1:
             problems.append(ConfigProblem(at, f"a {launcher!r} process group cannot be replicated yet; set replicas=1"))
-        if group.get("restart", "never") != "never":
-            problems.append(
-                ConfigProblem(
-                    at, f"restarting a {launcher!r} worker is not built yet; set restart='never' on its stages"
-                )
-            )
     if launcher != "ray":
         for field in ("resources", "ray_address"):
             if getattr(entry, field):
@@ -114,7 +108,7 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
 
 def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> list[ConfigProblem]:
     """Every problem of a ``processes`` table; ``groups`` maps each process group of the stages to its
-    group settings (``replicas``, ``restart``)."""
+    group settings (``replicas``)."""
     if not isinstance(processes, dict):
         return [ConfigProblem("processes", f"expected a table of process name -> ProcessConfig, got {processes!r}")]
     problems: list[ConfigProblem] = []

@@ -70,8 +70,10 @@ class RayLauncher:
         self._calls: dict[str, Any] = {}
 
     async def start(self, process: str, placement: ProcessConfig, key: KeyFile) -> None:
-        """Start ``process``'s actor with ``placement``'s resources; it joins with ``key``."""
+        """Start ``process``'s actor with ``placement``'s resources; it joins with ``key``. An actor
+        the process had (it died, or lost its connection) is killed first: its resources are the new one's."""
         ray = _ray()
+        self.kill(process)
         if not ray.is_initialized():
             # Connecting to a cluster blocks for a while: not on the trio loop.
             await trio.to_thread.run_sync(lambda: ray.init(address=placement.ray_address, log_to_driver=False))

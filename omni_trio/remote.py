@@ -4,6 +4,11 @@
 (``PipelineConfig.processes``): it returns a :class:`~omni_trio.join.RemoteProcess` standing for the
 worker, which joins the run over TCP (:mod:`omni_trio.join`); a ``ray`` worker's actor is started
 here (:mod:`omni_trio.ray_launch`) and killed when the worker is given up or the run stops.
+
+A restart (``restart="on-failure"``) calls :meth:`RemoteWorkers.start` again: a ``manual`` group's
+command is logged again (an orchestrator restarts it, with the same key file), a ``ray`` group's dead
+actor is killed (its resources freed) and a new one started with the same resources; either way the
+new worker joins as a new incarnation (:class:`~omni_trio.join.ManualWorkers`).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ __all__ = ["RemoteWorkers"]
 
 
 class RemoteWorkers:
-    """The ``manual`` and ``ray`` workers of one run (``make_spec(process)``: a joined worker's spec)."""
+    """The ``manual`` and ``ray`` workers of one run (``make_spec(process, main)``: a joined worker's
+    spec, ``main`` where it reaches the caller)."""
 
-    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str], object], key_dir: Path) -> None:
+    def __init__(self, endpoint: Endpoint, make_spec: Callable[[str, str], object], key_dir: Path) -> None:
         self._manual = ManualWorkers(endpoint, make_spec, key_dir)
         self._ray = RayLauncher()
 

@@ -11,7 +11,10 @@ all processes in parallel, never blocking the trio loop.
 A process whose stages say ``restart="on-failure"`` is started again after
 it died (same name, same socket path; peers' PUSH sockets reconnect on their
 own), after an exponential backoff, at most ``max_restarts`` times over the
-pipeline's life. Each attempt goes through the same readiness handshake.
+pipeline's life (the first wait is the stages' ``restart_backoff_s``). Each
+attempt goes through the same readiness handshake. A ``manual`` or ``ray``
+group's worker is started again its launcher's way (:mod:`omni_trio.remote`)
+and joins as a new incarnation.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import attrs
 import trio
 
 from omni_trio.comm.segments import remove_segments
-from omni_trio.config import PipelineConfig
+from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.control import messages as m
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
@@ -42,8 +45,6 @@ log = get_logger(__name__)
 #: How long stopping workers may drain before they are terminated, then killed.
 GRACEFUL_STOP_S = 10.0
 FIRM_STOP_S = 5.0
-#: The wait before the first restart of a dead worker; it doubles for each further attempt.
-RESTART_BACKOFF_S = 0.1
 
 
 @attrs.frozen
@@ -81,6 +82,8 @@ class Worker:
     #: 0 for the first start, n for the n-th restart.
     attempt: int = 0
     shm_prefix: str = ""
+    #: Requests failed when an earlier incarnation died (see :attr:`WorkerSpec.retired`).
+    retired: list[str] = attrs.field(factory=list)
 
     @property
     def live(self) -> bool:
@@ -149,6 +152,7 @@ class Supervisor:
         #: its segments never collide with those its dead predecessor left behind.
         self._next_index = len(groups) + 1
         self._policy = {name: self._restart_policy(name) for name in groups}
+        self._backoff = {name: self._stage_of(name).restart_backoff_s for name in groups}
         self._restarts = dict.fromkeys(groups, 0)
         #: Processes being restarted, each with the event set when that is over (either way).
         self._restarting: dict[str, trio.Event] = {}
@@ -159,10 +163,14 @@ class Supervisor:
         endpoint.on(m.Ready, self._on_ready)
         self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
 
-    def _restart_policy(self, process: str) -> int:
-        """How many restarts ``process`` may have (0: none); config validation made its stages agree."""
+    def _stage_of(self, process: str) -> StageConfig:
+        """A stage of ``process``: config validation made them agree on the group's settings."""
         group = split_replica(process)[0]
-        stage = next(s for s in self._config.stages if s.process == group)
+        return next(s for s in self._config.stages if s.process == group)
+
+    def _restart_policy(self, process: str) -> int:
+        """How many restarts ``process`` may have (0: none)."""
+        stage = self._stage_of(process)
         return stage.max_restarts if stage.restart == "on-failure" else 0
 
     def live_workers(self) -> list[Worker]:
@@ -188,6 +196,7 @@ class Supervisor:
     async def _start(self, worker: Worker, index: int, retired: list[str]) -> None:
         assert self._nursery is not None
         worker.shm_prefix = f"{self._run_prefix}-{index}"
+        worker.retired = retired
         placement = self._config.processes.get(split_replica(worker.name)[0])
         if placement is not None and placement.launcher != "local":
             worker.process = await self._remote.start(worker.name, placement, self._nursery)
@@ -209,13 +218,14 @@ class Supervisor:
             late = [w.name for w in self.workers.values() if not w.settled.is_set()]
             raise StageStartupError(f"process(es) {late} not ready within the start-up timeout of {timeout:g} s")
 
-    def _remote_spec(self, process: str) -> WorkerSpec:
-        """The spec of a ``manual`` worker that joined: it reaches the caller (aborts included) over TCP."""
+    def _remote_spec(self, process: str, main: str) -> WorkerSpec:
+        """The spec of a ``manual`` or ``ray`` worker that joined: it reaches the caller at ``main``
+        (its incarnation's own listener) over TCP."""
         worker = self.workers[process]
         tcp = self._endpoint.tcp_addresses
-        assert self._endpoint.tcp_endpoint is not None and self._endpoint.policy.curve is not None
-        tcp["main"] = self._endpoint.tcp_endpoint
-        spec = self._spec(process, worker.shm_prefix, [])
+        assert self._endpoint.policy.curve is not None
+        tcp["main"] = main
+        spec = self._spec(process, worker.shm_prefix, worker.retired)
         return attrs.evolve(
             spec, curve=self._endpoint.policy.curve.keys, tcp=tcp, joined=True
         )
@@ -254,6 +264,9 @@ class Supervisor:
         if self._stopping:
             return
         if not worker.settled.is_set():
+            if worker.failure is not None:  # given up on (not ready in time): that is what failed
+                worker.settled.set()
+                return
             exit_ = describe_exit(returncode)
             worker.failure = f"process {worker.name!r} (pid {worker.pid}) {exit_} before it was ready"
             path = startup_traceback_path(self._ipc_dir, worker.name)
@@ -294,7 +307,7 @@ class Supervisor:
                 attempt = self._restarts[name] = self._restarts[name] + 1
                 # A backoff between attempts, not a poll: a process that dies at once
                 # must not be restarted in a tight loop.
-                await trio.sleep(RESTART_BACKOFF_S * 2 ** (attempt - 1))
+                await trio.sleep(self._backoff[name] * 2 ** (attempt - 1))
                 # What the dead incarnation left in /dev/shm: its readers were failed with it.
                 remove_segments(dead.shm_prefix)
                 worker = Worker(name, attempt=attempt)
@@ -315,6 +328,8 @@ class Supervisor:
                     return
                 if worker.failure is None and worker.process is not None and not worker.exited.is_set():
                     worker.failure = f"process {name!r} (pid {worker.pid}) not ready within {self._start_timeout:g} s"
+                    if isinstance(worker.process, RemoteProcess) and not worker.process.joined.is_set():
+                        worker.failure = f"no worker of process {name!r} joined within {self._start_timeout:g} s"
                     worker.process.kill()
                     await worker.exited.wait()
                 log.error("stage_process_restart_failed", process=name, attempt=attempt, error=worker.failure)

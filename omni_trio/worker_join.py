@@ -3,32 +3,38 @@
 The key file (written by the caller, see :mod:`omni_trio.join`) holds the run's CURVE keys and secret,
 the group's name and the host to bind on. The worker binds its control socket there (any free port),
 sends ``Join`` to the caller over CURVE, waits (up to :data:`JOIN_TIMEOUT_S`) for its spec on that
-socket, then serves like a local worker. It exits when the caller says Shutdown, or when its connection
-to the caller drops (the caller is gone, or its host stopped answering heartbeats).
+socket, then serves like a local worker. It exits when the caller says Shutdown, or when a connection
+to the caller drops: the one it joined over (the caller is gone, or its host stopped answering
+heartbeats) or the one to its incarnation's own listener (the caller gave this incarnation up: it
+noticed the drop first, or stopped waiting for it). Then it removes what it created (its
+shared-memory segments, its private directory) and exits at once: a restarted worker (an
+orchestrator runs the same command again) joins as a new incarnation.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import shutil
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from omni_trio.config import EndpointsConfig
+from omni_trio.comm.segments import freeze_creation, remove_segments
+from omni_trio.config import MAIN_PROCESS, EndpointsConfig
 from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
 from omni_trio.join import KeyFile
 from omni_trio.supervisor import WorkerSpec
 
@@ -45,16 +51,22 @@ async def _spec_from(pull: TrioSocket) -> bytes:
             return message.spec
 
 
-async def _exit_when_caller_is_gone(monitor: TrioSocket) -> None:
-    connected = False
-    while True:
-        event = parse_monitor_message(await monitor.recv_multipart())
-        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            connected = True
-        elif event["event"] == zmq.EVENT_DISCONNECTED and connected:
-            print(f"omni-trio worker {os.getpid()}: the connection to the caller dropped; exiting", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(1)
+async def _exit_when_dropped(monitor: TrioSocket, release: Callable[[], None]) -> None:
+    """Once the watched connection to the caller dropped: ``release()`` what this worker holds and exit."""
+    await wait_dropped(monitor)
+    # Out at once: a stage's thread may be stuck in user code, and nobody waits for its results.
+    release()
+    print(f"omni-trio worker {os.getpid()}: the connection to the caller dropped; exiting", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _release(shm_prefix: str, local_dir: str) -> None:
+    """What a worker that exits without stopping its stages leaves: its segments, its directory.
+    Only its own segments (its prefix): the caller may share this /dev/shm (namespaces of one host)."""
+    freeze_creation()
+    remove_segments(shm_prefix)
+    shutil.rmtree(local_dir, ignore_errors=True)
 
 
 async def join(join_address: str, key: KeyFile) -> None:
@@ -68,9 +80,9 @@ async def join(join_address: str, key: KeyFile) -> None:
         Curve(key.curve, process=key.process),
     )
     pull = bind_pull(ctx, f"tcp://{key.host}:*", policy)
-    to_caller = connect_push(ctx, key.join, policy)
+    to_caller, monitor = connect_watched(ctx, key.join, policy)
+    sockets = [to_caller, monitor]
     local_dir: str | None = None
-    monitor = TrioSocket(to_caller.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED))
     try:
         with trio.fail_after(JOIN_TIMEOUT_S):
             await to_caller.send_multipart(encode(m.Join(process=key.process, endpoint=pull.source, pid=os.getpid())))
@@ -83,16 +95,21 @@ async def join(join_address: str, key: KeyFile) -> None:
         trace = spec.trace_path if spec.trace_path and Path(spec.trace_path).parent.is_dir() else None
         spec = attrs.evolve(spec, ipc_dir=local_dir, trace_path=trace)
         run_policy = attrs.evolve(policy, max_message_bytes=spec.config.endpoints.max_message_bytes)
+        # The caller's listener for this incarnation: closed when the caller gives it up.
+        to_incarnation, incarnation_monitor = connect_watched(ctx, spec.tcp[MAIN_PROCESS], policy)
+        sockets += [to_incarnation, incarnation_monitor]
+        release = functools.partial(_release, spec.shm_prefix, local_dir)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_exit_when_caller_is_gone, monitor)
+            nursery.start_soon(_exit_when_dropped, monitor, release)
+            nursery.start_soon(_exit_when_dropped, incarnation_monitor, release)
             await serve(spec, context=ctx, pull=pull, policy=run_policy)
             nursery.cancel_scope.cancel()
     except BaseException:
         traceback.print_exc()
         raise
     finally:
-        to_caller.close()
-        monitor.close()
+        for sock in sockets:
+            sock.close()
         if policy.curve is not None:
             policy.curve.close(ctx)
         ctx.destroy(linger=0)

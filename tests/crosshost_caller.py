@@ -96,10 +96,35 @@ async def killed(main_host: str, far_host: str) -> None:
     _say("RESULT", "the request did not fail")
 
 
+async def partition(main_host: str, far_host: str) -> None:
+    """``p_far`` restarts on failure: r0 is served, r1 fails when the test cuts the link (``FAILED``),
+    r2 waits for the worker the test starts again, and is served by it; then the caller's state."""
+    config = tensor_config(main_host, far_host, "create_hold_slot")
+    changes: dict[str, dict[str, Any]] = {
+        "far": {"restart": "on-failure", "max_restarts": 1},
+        "near": {"factory": {"factor": 3.0, "blocks": False}},  # only the far worker holds r1
+    }
+    config = attrs.evolve(config, stages=[attrs.evolve(s, **changes.get(s.name, {})) for s in config.stages])
+    params = {"numel": 1 << 20}
+    async with ot.open_pipeline(config, start_timeout=30) as pipeline:
+        _say("READY")
+        results = [await pipeline.submit("r0", "x", params=params)]
+        try:
+            await pipeline.submit("r1", "x", params={**params, "block": True})
+        except ot.StageProcessDied as exc:
+            _say("FAILED", f"{type(exc).__name__} {time.monotonic()!r}")
+        results.append(await pipeline.submit("r2", "x", params=params))
+        stats = await pipeline.stats()
+        _say("STATE", {"idle": stats.idle, "live": stats.live_requests, "health": pipeline.health().processes,
+                       "stages": {name: attrs.asdict(s) for name, s in stats.stages.items() if not s.idle}})
+    _say("RESULT", results)
+
+
 def main() -> None:
     """Run one scenario."""
     scenario, main_host, far_host = sys.argv[1:4]
-    trio.run({"fanin": fanin, "tensors": tensors, "killed": killed}[scenario], main_host, far_host)
+    scenarios = {"fanin": fanin, "tensors": tensors, "killed": killed, "partition": partition}
+    trio.run(scenarios[scenario], main_host, far_host)
 
 
 if __name__ == "__main__":

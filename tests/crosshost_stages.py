@@ -19,9 +19,9 @@ def create_make(numel: int = 1 << 20) -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
-def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
+def create_scale(factor: float, ray_node: bool = False, blocks: bool = True) -> SimpleScheduler:
     """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id);
-    a request with the ``block`` param is held forever."""
+    a request with the ``block`` param is held forever (unless ``blocks`` is False)."""
     import os
     import threading
 
@@ -32,7 +32,7 @@ def create_scale(factor: float, ray_node: bool = False) -> SimpleScheduler:
         node = ray.get_runtime_context().get_node_id()
 
     def fn(payload: StagePayload) -> StagePayload:
-        if payload.request.params.get("block"):  # hold the request until the process dies
+        if blocks and payload.request.params.get("block"):  # hold the request until the process dies
             threading.Event().wait()
         payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid(), "node": node}
         return payload
@@ -74,5 +74,29 @@ def create_block() -> SimpleScheduler:
         print("BLOCKING", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
+
+    return SimpleScheduler(fn)
+
+
+def create_hold_slot() -> SimpleScheduler:
+    """``t * 2`` and the pid; a request with the ``block`` param takes a 4 MiB slot of the stage's
+    shared-memory pool (``ot.empty``), says ``BLOCKING <pid>`` on stderr and is held forever (until its
+    process exits): a remote worker holding a request and a segment."""
+    import os
+    import sys
+    import time
+
+    import torch
+
+    import omni_trio as ot
+
+    def fn(payload: StagePayload) -> StagePayload:
+        if payload.request.params.get("block"):
+            slot = ot.empty(1 << 20, dtype=torch.float32)
+            print("BLOCKING", os.getpid(), file=sys.stderr, flush=True)
+            while slot is not None:
+                time.sleep(3600)
+        payload.data = {"t": payload.data["t"] * 2.0, "pid": os.getpid(), "node": None}
+        return payload
 
     return SimpleScheduler(fn)

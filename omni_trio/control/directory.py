@@ -94,7 +94,8 @@ class ProcessDirectory:
         return states
 
     def forget(self, process: str) -> None:
-        """A worker is gone: stop waiting for its replies."""
+        """A worker is gone: stop waiting for its replies (and for its ACKs)."""
+        self._endpoint.forget_peer(process)
         self._aborts.forget(process)
         for replies in [*self._stats.values(), *self._holding.values()]:
             replies.arrived(process)

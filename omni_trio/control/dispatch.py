@@ -42,8 +42,9 @@ class Dispatcher:
             raise ValueError(f"{message_type.__name__} already has a handler in process {self._process!r}")
         self._handlers[message_type] = handler
 
-    async def receive_loop(self, sock: TrioSocket, source: str) -> None:
-        """Handle what arrives on ``sock`` until it closes."""
+    async def receive_loop(self, sock: TrioSocket, source: str, admit: Callable[[], bool] | None = None) -> None:
+        """Handle what arrives on ``sock`` until it closes; with ``admit``, only while ``admit()`` says so
+        (it is asked for each message, and counts what it refuses)."""
         while True:
             try:
                 batch = [await sock.recv_multipart()]
@@ -54,7 +55,8 @@ class Dispatcher:
             except trio.ClosedResourceError:
                 return
             for frames in batch:
-                await self.handle_frames(frames, source)
+                if admit is None or admit():
+                    await self.handle_frames(frames, source)
 
     async def handle_frames(self, frames: list[bytes], source: str) -> None:
         """Decode one message and run its handler; log and drop it if either fails."""

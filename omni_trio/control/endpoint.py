@@ -205,7 +205,37 @@ class Endpoint:
         """``process`` (one of the run's) is on another host, reached at ``endpoint``."""
         if process not in self._processes:
             raise LookupError(f"{process[:80]!r} is not a process of this run")
+        if self._tcp.get(process) != endpoint:
+            # A new incarnation (it rejoined elsewhere): what is queued for the old one is not for it.
+            self._close_push(process)
         self._tcp[process] = endpoint
+
+    def receive_also(self, endpoint: str, admit: Callable[[], bool]) -> TrioSocket:
+        """Receive also on a socket of its own bound at the ``tcp://`` ``endpoint`` (CURVE): its messages
+        are handled like the others while ``admit()`` says so; :meth:`release` closes it."""
+        sock = bind_pull(self._ctx, endpoint, self.policy)
+        self.adopt(sock)
+        self.spawn(self._dispatcher.receive_loop, sock, sock.source, admit)
+        return sock
+
+    def release(self, sock: TrioSocket) -> None:
+        """Close ``sock`` (one :meth:`adopt` took) now."""
+        if sock in self._adopted:
+            self._adopted.remove(sock)
+        sock.close()
+
+    def forget_peer(self, process: str) -> None:
+        """``process`` is gone: settle the transfers waiting for its stages' ACKs (none will come; their
+        requests fail with it) and give back the credits they held; a process on another host is
+        forgotten too (its next incarnation joins at an address of its own)."""
+        self._transfers.forget_receivers({a for a, p in self.placement.items() if p == process})
+        if self._tcp.pop(process, None) is not None:
+            self._close_push(process)
+
+    def _close_push(self, process: str) -> None:
+        sock = self._push.pop(process, None)
+        if sock is not None:
+            sock.close()  # linger 0: what it still queued is dropped
 
     @property
     def tcp_addresses(self) -> dict[str, str]:

@@ -136,6 +136,20 @@ class Transfers:
                 del self._held[object_id]
                 held.relay.return_credit(held.receiver)
 
+    def forget_receivers(self, receivers: set[str]) -> None:
+        """The stages ``receivers`` are gone with their process: their puts are settled as failed now
+        (no ACK will come; their requests fail with the process, so nothing more is failed here) and
+        the credits they held come back."""
+        for object_id, pending in list(self._pending.items()):
+            if pending.receiver in receivers:
+                del self._pending[object_id]
+                pending.relay.settle(pending.put, False)
+                pending.acked.set()
+        for object_id, held in list(self._held.items()):
+            if held.receiver in receivers:
+                del self._held[object_id]
+                held.relay.return_credit(held.receiver)
+
     def in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
         return sum(1 for p in self._pending.values() if p.sender == sender)

@@ -56,6 +56,7 @@ from typing import Any
 import attrs
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from omni_trio.control.auth import Authenticator, Frame
 from omni_trio.control.curve import Curve
@@ -423,19 +424,26 @@ def _bind(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy,
     return TrioSocket(sock, policy, source=source)
 
 
-def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
+def _connect(
+    ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None, monitor_events: int = 0
+) -> tuple[TrioSocket, zmq.Socket[Any] | None]:
     tcp = os.fspath(path).startswith("tcp://")
     endpoint, source = (os.fspath(path),) * 2 if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
+    monitor = None
     try:
         if tcp:
             _curve(policy, endpoint).client(sock)
             _tcp(sock, policy)
+        if monitor_events:
+            monitor = sock.get_monitor_socket(monitor_events)
         sock.connect(endpoint)
     except BaseException:
+        if monitor is not None:
+            monitor.close(linger=0)
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=source)
+    return TrioSocket(sock, policy, source=source), monitor
 
 
 def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
@@ -445,6 +453,32 @@ def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm
 
 def connect_push(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Connect a PUSH socket to ``ipc://path`` or a ``tcp://`` endpoint (the peer may bind later)."""
-    return _connect(ctx, zmq.PUSH, path, policy, hwm)
+    return _connect(ctx, zmq.PUSH, path, policy, hwm)[0]
+
+
+def connect_watched(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy) -> tuple[TrioSocket, TrioSocket]:
+    """:func:`connect_push`, and a monitor of the connection's handshakes and drops attached before it
+    connects: neither event can be missed (a monitor attached after ``connect`` misses a fast handshake)."""
+    sock, monitor = _connect(
+        ctx, zmq.PUSH, path, policy, None, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+    )
+    assert monitor is not None
+    return sock, TrioSocket(monitor)
+
+
+async def wait_dropped(monitor: TrioSocket) -> None:
+    """Return once the connection :func:`connect_watched` watches dropped after its handshake (or the
+    monitor closed). A drop before any handshake (a refused or failed attempt, which libzmq retries)
+    does not count."""
+    connected = False
+    while True:
+        try:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+        except trio.ClosedResourceError:
+            return
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            connected = True
+        elif event == zmq.EVENT_DISCONNECTED and connected:
+            return
 
 

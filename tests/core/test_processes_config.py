@@ -94,10 +94,25 @@ def test_main_and_manual_rules() -> None:
     assert [str(p) for p in info.value.problems] == [
         "processes['main'].launcher: 'main' is the caller's own process: its launcher is 'local'",
         "processes['back']: a 'manual' process group cannot be replicated yet; set replicas=1",
-        "processes['back']: restarting a 'manual' worker is not built yet; set restart='never' on its stages",
         "processes['back'].resources: resources is only used by the 'ray' launcher",
         "processes['back'].resources: expected a table of resource name -> amount > 0, got {'x': -1}",
     ]
+
+
+def test_manual_and_ray_groups_may_restart() -> None:
+    # The restart policy applies to them as to local groups (the replicas are still refused).
+    for launcher, placement in (
+        ("manual", ot.ProcessConfig(launcher="manual", host="10.0.0.2")),
+        ("ray", ot.ProcessConfig(launcher="ray", resources={"node": 1})),
+    ):
+        config = ot.PipelineConfig(
+            stages=[
+                stage("a", "create_append", next="b"),
+                stage("b", "create_append", process="back", terminal=True, restart="on-failure", max_restarts=2),
+            ],
+            processes={"main": ot.ProcessConfig(host="10.0.0.1"), "back": placement},
+        )
+        assert config.stages[1].restart == "on-failure", launcher
 
 
 def test_processes_in_a_config_file(tmp_path: Path) -> None:

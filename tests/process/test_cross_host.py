@@ -65,14 +65,16 @@ class Proc:
             self._changed.set()
             self._changed = trio.Event()
 
-    async def line(self, name: str, pattern: str) -> re.Match[str]:
-        """The first line of ``name`` (out, err) that ``pattern`` matches (waits for it)."""
+    async def line(self, name: str, pattern: str, nth: int = 1) -> re.Match[str]:
+        """The ``nth`` line of ``name`` (out, err) that ``pattern`` matches (waits for it)."""
         seen = 0
         while True:
             for line in self.lines[name][seen:]:
                 match = re.search(pattern, line)
                 if match is not None:
-                    return match
+                    nth -= 1
+                    if nth == 0:
+                        return match
             seen = len(self.lines[name])
             await self._changed.wait()
 
@@ -151,8 +153,12 @@ while True:
 """
 
 
-async def _start_worker(caller: Proc, hosts: Hosts, tmp: Scratch) -> contextlib.AbstractAsyncContextManager[Proc]:
-    match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'")
+async def _start_worker(
+    caller: Proc, hosts: Hosts, tmp: Scratch, nth: int = 1
+) -> contextlib.AbstractAsyncContextManager[Proc]:
+    """The worker command the caller logged (the ``nth`` time: it logs it again for each restart), run
+    in the far namespace."""
+    match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'", nth)
     join, key = match.groups()
     assert join.startswith(f"tcp://{hosts.near_ip}:")
     assert os.stat(key).st_mode & 0o777 == 0o600
@@ -255,3 +261,52 @@ async def test_a_cut_link_fails_the_remote_workers_request_through_heartbeats(ho
     assert error == "StageProcessDied"
     print(f"\nFIGURES cut_to_failure_s={float(at) - cut_at:.3f}")
     assert float(at) - cut_at < 2.0, caller.lines["err"][-20:]
+
+
+def _shm_mapped(pid: int) -> set[str]:
+    """The /dev/shm files process ``pid`` has mapped."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+        return {line.split()[-1] for line in maps if "/dev/shm/" in line}
+
+
+async def test_a_partition_heals_the_worker_rejoins_and_nothing_of_it_is_left(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # restart="on-failure" on the remote group; the test is the orchestrator that runs its command again.
+    try:
+        with trio.fail_after(90):
+            async with in_namespace(hosts.near, _caller("partition", hosts), tmp_dir) as caller:
+                async with await _start_worker(caller, hosts, tmp_dir) as first:
+                    pid = int((await first.line("err", r"BLOCKING (\d+)")).group(1))
+                    assert pid == first.process.pid
+                    segments = _shm_mapped(pid)
+                    assert segments, "the blocked request holds a slot of the worker's pool"
+                    cut_at = time.monotonic()
+                    run_ip("-n", hosts.far, "link", "set", hosts.far, "down")
+                    await caller.line("out", "^FAILED ")
+                    # Cut off, the worker notices (heartbeats) and exits by itself, releasing its segments.
+                    await first.process.wait()
+                    exited_at = time.monotonic()
+                    await first.line("err", "the connection to the caller dropped; exiting")
+                assert first.process.returncode == 1, first.lines["err"][-20:]
+                assert not [name for name in segments if os.path.exists(name)]
+                run_ip("-n", hosts.far, "link", "set", hosts.far, "up")
+                # The caller logged the command again; the same key file rejoins as a new incarnation.
+                async with await _start_worker(caller, hosts, tmp_dir, nth=2) as second:
+                    await caller.process.wait()
+                assert caller.process.returncode == 0, caller.lines["err"][-20:]
+                assert second.process.returncode == 0, second.lines["err"][-20:]
+    finally:
+        run_ip("-n", hosts.far, "link", "set", hosts.far, "up")
+    error, at = caller.said("FAILED").split()
+    assert error == "StageProcessDied"
+    print(f"\nFIGURES cut_to_failure_s={float(at) - cut_at:.3f} cut_to_worker_exit_s={exited_at - cut_at:.3f}")
+    assert float(at) - cut_at < 2.5, caller.lines["err"][-20:]
+    keys = re.findall(r"--key (\S+)'", "\n".join(caller.lines["err"]))
+    assert len(keys) == 2 and keys[0] == keys[1]
+    n = 1 << 20
+    far = [r["far"] for r in json.loads(caller.said("RESULT"))]
+    assert [(r["sum"], r["numel"]) for r in far] == [(n * (n - 1), n)] * 2  # 2 * sum(arange(n)), exact
+    assert far[1]["pid"] == second.process.pid != pid
+    # Nothing of the old incarnation is left on the caller's side: no request, transfer or credit held.
+    state = json.loads(caller.said("STATE"))
+    assert state == {"idle": True, "live": 0, "health": {"main": "ready", "p_far": "ready", "p_near": "ready"},
+                     "stages": {}}, state

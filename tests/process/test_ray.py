@@ -49,16 +49,20 @@ def cluster() -> Iterator[Any]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _config(address: str) -> ot.PipelineConfig:
-    def scaled(name: str, factor: float) -> ot.StageConfig:
+def _config(address: str, **restart_a: Any) -> ot.PipelineConfig:
+    """``make`` -> ``a`` (on node_a; ``restart_a``: its restart settings) and ``b`` (node_b) -> ``join``;
+    only ``a`` holds a request with the ``block`` param."""
+
+    def scaled(name: str, factor: float, **more: Any) -> ot.StageConfig:
         return ot.StageConfig(name=name, process=f"p_{name}", factory_path=f"{M}.create_scale",
-                              factory={"factor": factor, "ray_node": True}, next="join")
+                              factory={"factor": factor, "ray_node": True, "blocks": name == "a"}, next="join",
+                              **more)
 
     return ot.PipelineConfig(
         entry_stage="make",
         stages=[
             ot.StageConfig(name="make", factory_path=f"{M}.create_make", next=["a", "b"]),
-            scaled("a", 2.0),
+            scaled("a", 2.0, **restart_a),
             scaled("b", 3.0),
             ot.StageConfig(name="join", factory_path=f"{M}.create_join", wait_for=["a", "b"], merge_fn=f"{M}.merge",
                            terminal=True),
@@ -107,3 +111,37 @@ async def test_a_dead_actor_fails_its_requests_within_a_second(cluster: Any) -> 
     [(error, at)] = failed
     assert isinstance(error, ot.StageProcessDied) and error.process == "p_a"
     assert at - killed_at < 1.0
+
+
+async def test_a_dead_actor_is_restarted_on_the_same_resources_and_serves_again(cluster: Any) -> None:
+    # The 1 s backoff keeps the restart going through the stats call below.
+    config = _config(cluster.address, restart="on-failure", max_restarts=1, restart_backoff_s=1.0)
+    head = cluster.head_node.node_id
+    with trio.fail_after(150):
+        async with ot.open_pipeline(config, start_timeout=90) as pipeline:
+            first = await pipeline.submit("r0", "x", params={"numel": 4})
+            failed: list[BaseException] = []
+
+            async def held() -> None:
+                with pytest.raises(ot.StageProcessDied) as died:
+                    await pipeline.submit("r1", "x", params={"numel": 4, "block": True})
+                failed.append(died.value)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(held)
+                await trio.testing.wait_all_tasks_blocked()
+                os.kill(first["a"]["pid"], signal.SIGKILL)  # the actor's worker process
+            [error] = failed
+            assert isinstance(error, ot.StageProcessDied) and error.process == "p_a"
+            assert pipeline.health().processes["p_a"] == "restarting"
+            restarting = await pipeline.stats()
+            assert restarting.stages["a"].restarting and not restarting.stages["b"].restarting, restarting
+            # Waits for the new actor (it joins as a new incarnation), then runs on it, on node_a again.
+            n = 1 << 16
+            second = await pipeline.submit("r2", "x", params={"numel": n})
+            assert second["a"]["pid"] != first["a"]["pid"] and second["a"]["node"] == head
+            assert second["b"]["pid"] == first["b"]["pid"]  # p_b was not restarted
+            total = n * (n - 1) / 2
+            assert (second["a"]["sum"], second["b"]["sum"]) == (2 * total, 3 * total)
+            stats = await pipeline.stats()
+            assert stats.idle and pipeline.health().processes["p_a"] == "ready", stats

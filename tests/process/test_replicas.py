@@ -16,7 +16,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio import supervisor, traceview
+from omni_trio import traceview
 from omni_trio.config import check_imports
 from omni_trio.replicas import LeastInFlight, ReplicaLoad
 from omni_trio.stage.replicas import BindingTable
@@ -125,12 +125,11 @@ async def test_abort_of_a_request_on_replica_1_leaves_nothing_on_either_replica(
 
 @PLACEMENTS
 async def test_a_killed_replica_fails_only_its_requests_and_comes_back(
-    ipc_base: Path, omni_placement: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ipc_base: Path, omni_placement: str, tmp_path: Path
 ) -> None:
     # Replica 1 stays down for the backoff at least: long enough to see the pipeline degraded
     # (a worker forked from the template is ready again a few ms after the backoff).
-    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 3.0)
-    config = holder_pipeline(ipc_base, omni_placement, restart="on-failure")
+    config = holder_pipeline(ipc_base, omni_placement, restart="on-failure", restart_backoff_s=3.0)
     died: list[ot.StageProcessDied] = []
     failed = trio.Event()
     with trio.fail_after(60):

@@ -18,7 +18,6 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio import supervisor
 from tests.placement import stage
 from tests.process import helpers
 from tests.process.helpers import submit_and_kill
@@ -88,14 +87,11 @@ async def test_a_process_that_does_not_answer_is_named(ipc_base: Path) -> None:
             assert (await pipeline.stats()).idle  # answers again once it runs
 
 
-async def test_a_restarting_process_reports_restarting_not_idle(
-    ipc_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_restarting_process_reports_restarting_not_idle(ipc_base: Path, tmp_path: Path) -> None:
     # A worker forked from the template is ready a few ms after the backoff: the backoff keeps the
     # restart going through the stats and health calls below (as in test_restart).
-    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 2.0)
     with trio.fail_after(60):
-        async with ot.open_pipeline(pipeline_config(ipc_base)) as pipeline:
+        async with ot.open_pipeline(pipeline_config(ipc_base, restart_backoff_s=2.0)) as pipeline:
             await submit_and_kill(pipeline, "r0", tmp_path / "pid0")
             stats = await pipeline.stats()
             blocker = stats.stages["blocker"]

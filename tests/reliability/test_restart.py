@@ -15,14 +15,14 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio import supervisor
 from tests.placement import stage
 from tests.process import helpers
 from tests.process.helpers import submit_and_kill
 
 
-def pipeline_config(base: Path, max_restarts: int = 3) -> ot.PipelineConfig:
-    """Main -> ``p_first`` (appends, never restarted) -> ``p_block`` (reports its pid, blocks; restartable)."""
+def pipeline_config(base: Path, max_restarts: int = 3, restart_backoff_s: float = 0.1) -> ot.PipelineConfig:
+    """Main -> ``p_first`` (appends, never restarted) -> ``p_block`` (reports its pid, blocks; restartable
+    after ``restart_backoff_s``)."""
     return helpers.config(
         base,
         stage("first", "create_append", factory={"tag": "first"}, process="p_first", next="blocker"),
@@ -33,17 +33,15 @@ def pipeline_config(base: Path, max_restarts: int = 3) -> ot.PipelineConfig:
             terminal=True,
             restart="on-failure",
             max_restarts=max_restarts,
+            restart_backoff_s=restart_backoff_s,
         ),
     )
 
 
-async def test_killed_worker_is_restarted_and_serves_later_requests(
-    ipc_base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_killed_worker_is_restarted_and_serves_later_requests(ipc_base: Path, tmp_path: Path) -> None:
     # The restart must outlast the stats call and r-late's deadline below: a worker forked from
     # the template is ready a few ms after the backoff, so the backoff sets the window.
-    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 2.0)
-    config = pipeline_config(ipc_base)
+    config = pipeline_config(ipc_base, restart_backoff_s=2.0)
     with trio.fail_after(60):
         async with ot.open_pipeline(config) as pipeline:
             first_pid = await submit_and_kill(pipeline, "r0", tmp_path / "pid0")
@@ -132,7 +130,27 @@ def test_stages_of_one_process_must_agree_on_the_restart_policy() -> None:
 def test_restart_settings_are_validated() -> None:
     with pytest.raises(ot.ConfigError) as error:
         ot.PipelineConfig(
-            stages=[stage("a", "create_append", factory={"tag": "a"}, terminal=True, restart="always", max_restarts=-1)]
+            stages=[
+                stage("a", "create_append", factory={"tag": "a"}, next="b", restart="always", max_restarts=-1,
+                      restart_backoff_s=-0.5),
+                stage("b", "create_append", factory={"tag": "b"}, terminal=True, restart_backoff_s="1s"),  # type: ignore[arg-type]
+            ]
         )
-    paths = sorted(problem.path for problem in error.value.problems)
-    assert paths == ["stages[0].max_restarts", "stages[0].restart"]
+    problems = sorted(str(problem) for problem in error.value.problems)
+    assert [p.split(":")[0] for p in problems] == [
+        "stages[0].max_restarts", "stages[0].restart", "stages[0].restart_backoff_s", "stages[1].restart_backoff_s",
+    ]
+    assert "stages[0].restart_backoff_s: expected a number of seconds >= 0, got -0.5" in problems
+
+
+def test_stages_of_one_process_must_agree_on_the_restart_backoff() -> None:
+    with pytest.raises(ot.ConfigError) as error:
+        ot.PipelineConfig(
+            stages=[
+                stage("a", "create_append", factory={"tag": "a"}, process="p", next="b", restart_backoff_s=1.0),
+                stage("b", "create_append", factory={"tag": "b"}, process="p", terminal=True),
+            ]
+        )
+    (problem,) = error.value.problems
+    assert problem.path == "stages[1].restart_backoff_s", problem
+    assert "all stages of one process share its restart policy" in str(problem)
