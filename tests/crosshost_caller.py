@@ -138,6 +138,7 @@ async def killed(main_host: str, far_host: str) -> None:
             await pipeline.submit("r0", "x", params={"numel": 1 << 20})
     except Exception as exc:  # noqa: BLE001 - what the test checks
         _say("FAILED", f"{type(exc).__name__} {time.monotonic()!r}")
+        _say("ERROR", str(exc))
         return
     _say("RESULT", "the request did not fail")
 

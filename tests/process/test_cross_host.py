@@ -289,7 +289,7 @@ async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts
             worker.process.kill()
             await caller.line("out", "^FAILED ")
     error, at = caller.said("FAILED").split()
-    assert error == "StageProcessDied"
+    assert error == "StageProcessDied", caller.said("ERROR")
     print(f"\nFIGURES kill_to_failure_s={float(at) - killed_at:.3f}")
     assert float(at) - killed_at < 1.0, caller.lines["err"][-20:]
 
