@@ -35,7 +35,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_trio import TrioSocket, connect_push
+from omni_trio.control.zmq_trio import TrioSocket, connect_watched_push
 from omni_trio.tracing import get_logger
 
 __all__ = ["KeyFile", "ManualWorkers", "RemoteProcess"]
@@ -161,9 +161,11 @@ class ManualWorkers:
         remote.pid = message.pid
         self._endpoint.learn_address(message.process, message.endpoint)
         # A connection of our own to the worker: its drop is the worker's death.
-        watch = connect_push(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        watch, monitor = connect_watched_push(
+            self._endpoint.context, message.endpoint, self._endpoint.policy,
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED,
+        )
         self._endpoint.adopt(watch)
-        monitor = TrioSocket(watch.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED))
         self._endpoint.adopt(monitor)
         spec = pickle.dumps(self._make_spec(message.process))
         await watch.send_multipart(encode(m.JoinSpec(spec=spec)))

@@ -28,7 +28,7 @@ from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched_push
 from omni_trio.join import KeyFile
 from omni_trio.supervisor import WorkerSpec
 
@@ -68,9 +68,10 @@ async def join(join_address: str, key: KeyFile) -> None:
         Curve(key.curve, process=key.process),
     )
     pull = bind_pull(ctx, f"tcp://{key.host}:*", policy)
-    to_caller = connect_push(ctx, key.join, policy)
+    to_caller, monitor = connect_watched_push(
+        ctx, key.join, policy, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+    )
     local_dir: str | None = None
-    monitor = TrioSocket(to_caller.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED))
     try:
         with trio.fail_after(JOIN_TIMEOUT_S):
             await to_caller.send_multipart(encode(m.Join(process=key.process, endpoint=pull.source, pid=os.getpid())))

@@ -71,6 +71,7 @@ __all__ = [
     "bind_also",
     "bind_pull",
     "connect_push",
+    "connect_watched_push",
     "ipc_endpoint",
 ]
 
@@ -415,7 +416,10 @@ def _bind(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy,
     return TrioSocket(sock, policy, source=source)
 
 
-def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:
+def _connect(
+    ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None,
+    monitor: list[TrioSocket] | None = None, events: int = 0,
+) -> TrioSocket:
     tcp = os.fspath(path).startswith("tcp://")
     endpoint, source = (os.fspath(path),) * 2 if tcp else ipc_endpoint(path)
     sock = _new_socket(ctx, kind, policy, hwm)
@@ -423,6 +427,9 @@ def _connect(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPoli
         if tcp:
             _curve(policy, endpoint).client(sock)
             _tcp(sock, policy)
+        if monitor is not None:
+            # Before connecting: libzmq's I/O thread may finish a handshake before a later monitor exists.
+            monitor.append(TrioSocket(sock.get_monitor_socket(events)))
         sock.connect(endpoint)
     except BaseException:
         sock.close(linger=0)
@@ -438,5 +445,15 @@ def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm
 def connect_push(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:
     """Connect a PUSH socket to ``ipc://path`` or a ``tcp://`` endpoint (the peer may bind later)."""
     return _connect(ctx, zmq.PUSH, path, policy, hwm)
+
+
+def connect_watched_push(
+    ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, events: int
+) -> tuple[TrioSocket, TrioSocket]:
+    """:func:`connect_push`, and a monitor socket of ``events`` on it (``zmq.EVENT_*``), attached before
+    the connection starts: none of its events is missed."""
+    monitor: list[TrioSocket] = []
+    sock = _connect(ctx, zmq.PUSH, path, policy, None, monitor, events)
+    return sock, monitor[0]
 
 
