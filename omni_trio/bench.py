@@ -19,6 +19,9 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
 - ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
+- ``W1-tcp``, ``W4-tcp``, ``W5-tcp``: W1, W4 and W5 with a ``manual`` worker in a second network
+  namespace, over CURVE TCP on a veth pair (:mod:`omni_trio.bench_tcp`; root and ``ip netns`` needed,
+  else skipped with the reason); ``--only tcp`` runs the three.
 - ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
   ``ot.serve``: time to first audio and request latency (medians) over HTTP (httpx, streaming
   ``/v1/audio/speech``) and through ``pipeline.stream`` directly, with 1 and 8 concurrent clients.
@@ -64,7 +67,10 @@ from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, Simpl
 
 M = "omni_trio.bench"
 MB = 1 << 20
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve",
+             "W1-tcp", "W4-tcp", "W5-tcp")
+#: ``--only`` names that stand for several workloads.
+GROUPS = {"tcp": ("W1-tcp", "W4-tcp", "W5-tcp")}
 
 
 # --------------------------------------------------------------------------- stage factories (imported by workers)
@@ -681,7 +687,21 @@ def run_workload(name: str, quick: bool) -> dict[str, float]:
     """Run one workload (a fresh ``trio.run`` each) and return its metrics."""
     if name == "floor":
         return floor_sync(quick)
+    if name.endswith("-tcp"):
+        from omni_trio import bench_tcp  # it builds on this module's workloads
+
+        return bench_tcp.run_row(name, quick)
     return trio.run(ASYNC_WORKLOADS[name], quick)
+
+
+def skip_reason(name: str) -> str | None:
+    """Why workload ``name`` cannot run here (None: it can): the TCP rows need network namespaces."""
+    if name.endswith("-tcp"):
+        from omni_trio.netns import unavailable
+
+        reason = unavailable()
+        return None if reason is None else f"the TCP rows run between network namespaces: {reason}"
+    return None
 
 
 # --------------------------------------------------------------------------- command line
@@ -692,7 +712,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="omni_trio.bench", description="Run the omni-trio benchmark suite.")
     parser.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
     parser.add_argument("--json", default="out/bench.json", metavar="PATH", help="where to write the results")
-    parser.add_argument("--only", metavar="LIST", help=f"comma-separated workloads out of {','.join(WORKLOADS)}")
+    groups = "; ".join(f"{group} = {'+'.join(names)}" for group, names in GROUPS.items())
+    parser.add_argument("--only", metavar="LIST",
+                        help=f"comma-separated workloads out of {','.join(WORKLOADS)} (or groups: {groups})")
     parser.add_argument("--inline", action="store_true",
                         help="run the no-op and text stages' compute on their event loops "
                              "(SimpleScheduler(inline=True)) instead of their scheduler threads")
@@ -701,7 +723,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "ours/theirs ratios (install: docs/benchmarks.md)")
     args = parser.parse_args(argv)
     if args.only:
-        chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+        chosen = [w for name in args.only.split(",") if name.strip() for w in GROUPS.get(name.strip(), (name.strip(),))]
         unknown = [name for name in chosen if name not in WORKLOADS]
         if unknown:
             parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
@@ -735,7 +757,13 @@ def main(argv: list[str] | None = None) -> int:
         comparison = bench_sglang.Comparison(args.quick)
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for name in args.workloads:
+        reason = skip_reason(name)
+        if reason is not None:
+            skipped[name] = reason
+            print(f"skipping {name}: {reason}", file=sys.stderr, flush=True)
+            continue
         print(f"running {name}...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         try:
@@ -760,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "workloads": results,
         "errors": errors,
+        "skipped": skipped,
     }
     if comparison is not None:
         print(f"\nomni-trio vs SGLang-Omni (ours/theirs; the 'better' column says which way wins)\n"

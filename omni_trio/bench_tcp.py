@@ -1,15 +1,19 @@
-"""``python -m omni_trio.bench_tcp [--quick] [--json PATH]``: W1, W4 and W5 over TCP between two hosts.
+"""W1, W4 and W5 over TCP between two hosts: the main bench's ``W1-tcp``, ``W4-tcp`` and ``W5-tcp`` rows.
+
+``python -m omni_trio.bench --only tcp`` runs them with the other rows (:func:`run_row` each);
+``python -m omni_trio.bench_tcp [--quick] [--json PATH]`` runs only them.
 
 Two network namespaces joined by a veth pair (:mod:`omni_trio.netns`; root needed) stand for two
 hosts: the caller runs in one (``ip netns exec``), a ``manual`` worker in the other, joined over CURVE.
-The workloads are the bench's own (:mod:`omni_trio.bench`), placed so that the edges that cross a
-socket in the local bench cross the link instead (only the caller's process talks to a remote one):
+The workloads are the bench's own (:mod:`omni_trio.bench`), each stage in a worker process of its
+own as there, with the last stage's worker on the other host: the worker -> worker edge crosses the
+link, as does the result's way back to the caller.
 
-- ``W1-tcp``: the 2 no-op stages in the remote worker: caller -> s0 (TCP), s0 -> s1 (in-process),
-  s1 -> caller (TCP);
-- ``W4-tcp``: the tensor source in the caller's process, the sink in the remote worker: the tensor
-  crosses as zero-copy frames;
-- ``W5-tcp``: the talker in the caller's process streams to the remote vocoder, which forwards to the caller.
+- ``W1-tcp``: caller -> s0 (a local worker, ipc), s0 -> s1 (the remote worker, TCP), s1 -> caller
+  (TCP): 3 socket hops, as in the local W1;
+- ``W4-tcp``: the tensor source in a local worker, the sink in the remote one: the tensor crosses as
+  zero-copy frames;
+- ``W5-tcp``: the talker in a local worker streams to the remote vocoder, which forwards to the caller.
 """
 
 from __future__ import annotations
@@ -32,10 +36,10 @@ from omni_trio.config import PipelineConfig
 from omni_trio.netns import unavailable, veth_namespaces
 from omni_trio.processes import ProcessConfig
 
-__all__ = ["WORKLOADS", "main", "tcp_placed"]
+__all__ = ["WORKLOADS", "main", "run_row", "tcp_placed"]
 
 #: workload -> the stages that go to the remote worker.
-WORKLOADS = {"W1": {"s0", "s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
+WORKLOADS = {"W1": {"s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
 _CONFIGS = {"W1": lambda q: bench.chain_config(2), "W4": lambda q: bench.tensor_config(),
             "W5": lambda q: bench.stream_config(50 if q else 1000)}
 _RUNS = {"W1": bench.w1, "W4": bench.w4, "W5": bench.w5}
@@ -44,8 +48,8 @@ TIMEOUT_S = 600
 
 
 def tcp_placed(config: PipelineConfig, remote: set[str], main_host: str, far_host: str) -> PipelineConfig:
-    """``config`` with the ``remote`` stages in one ``manual`` process on ``far_host``, the others in the caller's."""
-    stages = [attrs.evolve(s, process="p_far" if s.name in remote else None) for s in config.stages]
+    """``config`` with the ``remote`` stages in one ``manual`` process on ``far_host``, the others where they were."""
+    stages = [attrs.evolve(s, process="p_far") if s.name in remote else s for s in config.stages]
     processes = {"main": ProcessConfig(host=main_host), "p_far": ProcessConfig(launcher="manual", host=far_host)}
     return attrs.evolve(config, stages=stages, processes=processes)
 
@@ -103,6 +107,15 @@ def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_
                 proc.wait()
 
 
+def run_row(name: str, quick: bool) -> dict[str, Any]:
+    """Run the row ``name`` (``W1-tcp``, ...) in two fresh network namespaces; its metrics."""
+    workload = name.removesuffix("-tcp")
+    if workload not in WORKLOADS or not name.endswith("-tcp"):
+        raise ValueError(f"no TCP row {name!r}; choose from {[f'{w}-tcp' for w in WORKLOADS]}")
+    with veth_namespaces(f"b{os.getpid() % 10_000}") as hosts:
+        return _run_one(workload, quick, hosts.near, hosts.near_ip, hosts.far, hosts.far_ip)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the TCP rows; print them and write them to ``--json``."""
     parser = argparse.ArgumentParser(prog="python -m omni_trio.bench_tcp", description=__doc__.splitlines()[0])
@@ -118,12 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_tcp: {reason}", file=sys.stderr)
         return 2
     results: dict[str, dict[str, Any]] = {}
-    with veth_namespaces(f"b{os.getpid() % 10_000}") as hosts:
-        for workload in WORKLOADS:
-            results[f"{workload}-tcp"] = _run_one(
-                workload, args.quick, hosts.near, hosts.near_ip, hosts.far, hosts.far_ip
-            )
-            print(f"{workload}-tcp", json.dumps(results[f"{workload}-tcp"]), flush=True)
+    for workload in WORKLOADS:
+        results[f"{workload}-tcp"] = run_row(f"{workload}-tcp", args.quick)
+        print(f"{workload}-tcp", json.dumps(results[f"{workload}-tcp"]), flush=True)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"quick": args.quick, "load": os.getloadavg(), "results": results}, indent=2) + "\n")

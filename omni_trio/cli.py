@@ -494,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="join a running pipeline as its 'manual' process group",
                                  description="Start the worker of a process group with launcher = \"manual\" "
-                                             "(docs/cross-host.md): join the caller at --join with the run's key "
+                                             "(docs/distributed.md): join the caller at --join with the run's key "
                                              "file (written by the caller, mode 0600), serve until it ends.")
     worker.add_argument("--join", required=True, metavar="tcp://HOST:PORT", help="the caller's join address")
     worker.add_argument("--key", required=True, metavar="KEYFILE", help="the run's key file for this process")

@@ -18,7 +18,7 @@ import attrs
 
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.hooks import did_you_mean, dotted_path, factory_kwarg_problems, hook_path_problems, import_problem
-from omni_trio.processes import ProcessConfig, edge_problems, processes_problems
+from omni_trio.processes import ProcessConfig, processes_problems
 from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
@@ -563,15 +563,15 @@ def _cycle_problems(config: PipelineConfig, known: set[str]) -> list[ConfigProbl
     return problems
 
 
-def _process_edges(config: PipelineConfig, known: set[str]) -> list[tuple[str, str, str, str]]:
-    """``(path, from process, to process, to stage)`` of every edge between stages."""
+def process_edges(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
+    """``(path, from process, to process, to stage)`` of every edge between stages (``next``, ``stream_to``)."""
     process = {s.name: s.process or MAIN_PROCESS for s in config.stages}
     return [
         (f"stages[{i}].{field}", process[s.name], process[target], target)
         for i, s in enumerate(config.stages)
         for field, targets in (("next", s.next_stages), ("stream_to", s.stream_to))
         for target in targets
-        if target in known
+        if target in process
     ]
 
 
@@ -602,7 +602,6 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _serve_problems(config.serve)
     groups = {s.process: {"replicas": s.replicas} for s in config.stages if s.process}
     problems += processes_problems(config.processes, groups)
-    problems += edge_problems(config.processes, _process_edges(config, known))
     problems += _graph_problems(config, known)
     return problems
 

@@ -8,7 +8,10 @@ lives. A group not listed keeps today's behaviour: a child process of the caller
 Two processes are on the same host when their ``host`` values are equal; a group without a ``host``
 is on the caller's host (``processes["main"].host``). That, not whether ``/dev/shm`` happens to be
 reachable, decides the transport of an edge: network namespaces on one machine share ``/dev/shm``
-but not their loopback interfaces.
+but not their loopback interfaces. Which *socket* carries an edge's messages is decided by the
+launchers instead: a process that joined over TCP (``manual``, ``ray``, :func:`joins`) has no socket
+in the caller's private directory, so every edge to or from it is a CURVE TCP connection, and a local
+worker with such an edge also listens on TCP (:func:`tcp_listeners`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import attrs
 
 from omni_trio.errors import ConfigProblem
 
-__all__ = ["LAUNCHERS", "ProcessConfig", "edge_problems", "host_of", "processes_problems"]
+__all__ = ["LAUNCHERS", "ProcessConfig", "host_of", "joins", "processes_problems", "tcp_listeners"]
 
 #: What may start a process group: a child process here, a Ray actor, or a person / orchestrator.
 LAUNCHERS = ("local", "ray", "manual")
@@ -141,27 +144,22 @@ def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> 
     return problems
 
 
-def edge_problems(processes: dict[str, ProcessConfig], edges: list[tuple[str, str, str, str]]) -> list[ConfigProblem]:
-    """Edges this version cannot carry: ``edges`` are ``(path, from_process, to_process, to_stage)``.
+def joins(processes: dict[str, ProcessConfig], process: str) -> bool:
+    """Whether ``process`` (a group or a replica's name) joins the run over TCP (``manual``, ``ray``):
+    it has no socket in the caller's private directory, so every peer reaches it over TCP, and it
+    reaches every peer but the caller's process at the address the runner sends it (PeerAddresses)."""
+    entry = processes.get(process.split("@r", 1)[0])
+    return entry is not None and entry.launcher != "local"
 
-    A process on another host than the caller exchanges messages with the caller's process and over
-    its own; TCP between two worker processes (of which one would have to learn the other's port) is
-    not built yet.
-    """
-    if not isinstance(processes, dict) or not all(isinstance(p, ProcessConfig) for p in processes.values()):
-        return []
-    main = host_of(processes, "main")
-    problems = []
-    for path, source, target, stage in edges:
-        if source == target or "main" in (source, target):
-            continue
-        if host_of(processes, source) != main or host_of(processes, target) != main:
-            problems.append(
-                ConfigProblem(
-                    path,
-                    f"{stage!r} is in process {target!r} and this stage in {source!r}: an edge between two worker "
-                    "processes of which one is on another host than the caller is not built yet; place one of "
-                    "the two stages in the caller's process (process=None) or in the same process",
-                )
-            )
-    return problems
+
+def tcp_listeners(processes: dict[str, ProcessConfig], edges: list[tuple[str, str, str, str]]) -> frozenset[str]:
+    """The local worker groups that also receive over TCP: those with an edge to or from a group that
+    joins over TCP (its messages, and the ACKs of what they send it, arrive there). ``edges`` are
+    ``(path, from_process, to_process, to_stage)``; the caller's process always listens on TCP when
+    some group joins."""
+    return frozenset(
+        mine
+        for _, source, target, _ in edges
+        for mine, other in ((source, target), (target, source))
+        if mine != "main" and not joins(processes, mine) and joins(processes, other)
+    )

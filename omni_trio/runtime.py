@@ -39,7 +39,7 @@ from omni_trio.coordinator import Coordinator
 from omni_trio.errors import StageProcessDied, StageStartupError, Terminated
 from omni_trio.hooks import import_string
 from omni_trio.payload import StagePayload
-from omni_trio.processes import host_of
+from omni_trio.processes import host_of, joins
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.sigterm import cancel_on_sigterm
 from omni_trio.stage.links import CoordinatorLink, LocalCoordinatorLink, LocalStageLink, StageLink
@@ -167,6 +167,7 @@ def endpoint_for(
     """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     placement = addressed_placement(config)
+    peers = {MAIN_PROCESS, *placement.values()}
     return Endpoint(
         process=process,
         ipc_dir=ipc_dir,
@@ -182,9 +183,12 @@ def endpoint_for(
         tcp=tcp,
         context=context,
         pull=pull,
-        far=frozenset(
-            peer for peer in {MAIN_PROCESS, *placement.values()}
-            if host_of(config.processes, peer) != host_of(config.processes, process)
+        far=frozenset(peer for peer in peers if host_of(config.processes, peer) != host_of(config.processes, process)),
+        # The caller learns each joined worker's address from its Join; a worker, from PeerAddresses.
+        tcp_peers=frozenset(
+            peer for peer in peers
+            if process != MAIN_PROCESS and peer != process and (joins(config.processes, process)
+                                                                or joins(config.processes, peer))
         ),
         credits={address: comm.credits for address, comm in with_comm},
         max_transfer_bytes={address: comm.slot_size_mb << 20 for address, comm in with_comm},
@@ -394,6 +398,7 @@ async def _in_processes(
                 for stage in local.values():
                     await nursery.start(stage.run)
                 await supervisor.wait_ready(start_timeout)
+                await supervisor.announce_peers()
                 yield coordinator
             finally:
                 with trio.CancelScope(shield=True):

@@ -15,6 +15,11 @@ pipeline's life (the first wait is the stages' ``restart_backoff_s``). Each
 attempt goes through the same readiness handshake. A ``manual`` or ``ray``
 group's worker is started again its launcher's way (:mod:`omni_trio.remote`)
 and joins as a new incarnation.
+
+In a run where some worker joined over TCP, the caller sends each worker its peers'
+``tcp://`` addresses (:meth:`Supervisor.announce_peers`) once all are ready, and
+again whenever a restarted worker is ready at a new address; a restarted local
+worker that listens on TCP binds its predecessor's port again.
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ import attrs
 import trio
 
 from omni_trio.comm.segments import remove_segments
-from omni_trio.config import PipelineConfig, StageConfig
+from omni_trio.config import PipelineConfig, StageConfig, process_edges
 from omni_trio.control import messages as m
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
 from omni_trio.join import RemoteProcess
 from omni_trio.launch import Launcher, WorkerProcess, launcher_for
+from omni_trio.processes import host_of, joins, tcp_listeners
 from omni_trio.remote import RemoteWorkers
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
@@ -68,6 +74,10 @@ class WorkerSpec:
     tcp: dict[str, str] = attrs.field(factory=dict)
     #: Joined over TCP (``manual``): no parent process, no pipe to watch.
     joined: bool = False
+    #: A local worker with an edge to or from a process that joined over TCP: where it also receives
+    #: over TCP (CURVE, with ``curve``): ``tcp://HOST:*`` at first (the port it got is in its Ready),
+    #: the same port again when it is restarted (its peers' connections find it there).
+    listen: str | None = None
 
 
 @attrs.define(eq=False)
@@ -160,6 +170,9 @@ class Supervisor:
         self._restart_scopes: set[trio.CancelScope] = set()
         #: Held while a process is being spawned: :meth:`stop` must see every process that exists.
         self._spawn_lock = trio.Lock()
+        #: Local groups that also receive over TCP, and where each process receives over TCP (from its Ready).
+        self._listeners = tcp_listeners(config.processes, process_edges(config))
+        self._tcp_endpoints: dict[str, str] = {}
         endpoint.on(m.Ready, self._on_ready)
         self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
 
@@ -218,6 +231,23 @@ class Supervisor:
             late = [w.name for w in self.workers.values() if not w.settled.is_set()]
             raise StageStartupError(f"process(es) {late} not ready within the start-up timeout of {timeout:g} s")
 
+    def _peer_addresses(self, process: str) -> dict[str, str]:
+        """The ``tcp://`` endpoints of the workers ``process`` reaches over TCP (it or they joined over TCP)."""
+        processes = self._config.processes
+        return {
+            peer: endpoint for peer, endpoint in self._tcp_endpoints.items()
+            if peer != process and (joins(processes, process) or joins(processes, peer))
+        }
+
+    async def announce_peers(self) -> None:
+        """Send every ready worker the ``tcp://`` endpoints of the peers it reaches over TCP: the ports
+        of the local listeners and of the workers that joined are known only once all are ready. Nothing
+        in a run where no worker joined over TCP."""
+        if not any(joins(self._config.processes, name) for name in self.workers):
+            return
+        for worker in self.live_workers():
+            await self._endpoint.send(worker.name, m.PeerAddresses(addresses=self._peer_addresses(worker.name)))
+
     def _remote_spec(self, process: str, main: str) -> WorkerSpec:
         """The spec of a ``manual`` or ``ray`` worker that joined: it reaches the caller at ``main``
         (its incarnation's own listener) over TCP."""
@@ -239,6 +269,10 @@ class Supervisor:
         return path
 
     def _spec(self, process: str, shm_prefix: str, retired: list[str]) -> WorkerSpec:
+        listens = split_replica(process)[0] in self._listeners
+        curve = self._endpoint.policy.curve
+        # A restarted listener binds its predecessor's port, and knows its peers already.
+        listen = self._tcp_endpoints.get(process) or f"tcp://{host_of(self._config.processes, process)}:*"
         return WorkerSpec(
             config=self._config,
             process=process,
@@ -248,11 +282,16 @@ class Supervisor:
             trace_path=None if self._trace_path is None else str(process_trace_path(self._trace_path, process)),
             sys_path=[p for p in sys.path if p],
             retired=retired,
+            curve=curve.keys if listens and curve is not None else None,
+            tcp=self._peer_addresses(process) if listens else {},
+            listen=listen if listens else None,
         )
 
     async def _on_ready(self, message: m.Ready) -> None:
         worker = self.workers.get(message.process)
         if worker is not None:
+            if message.endpoint:
+                self._tcp_endpoints[message.process] = message.endpoint
             worker.settled.set()
 
     async def _watch_exit(self, worker: Worker) -> None:
@@ -323,6 +362,8 @@ class Supervisor:
                     await worker.settled.wait()
                 if worker.live:
                     log.warning("stage_process_restarted", process=name, attempt=attempt, pid=worker.pid)
+                    # A joined worker listens at a new port: its peers learn it, it learns theirs.
+                    await self.announce_peers()
                     if self._on_restarted is not None:
                         self._on_restarted(worker)
                     return

@@ -42,7 +42,9 @@ from omni_trio.join import KeyFile
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.supervisor import WorkerSpec, startup_traceback_path
-from omni_trio.tracing import Tracer
+from omni_trio.tracing import Tracer, get_logger
+
+log = get_logger(__name__)
 
 #: The longest a stats request waits for this process's runnable work to settle before counting.
 STATS_SETTLE_S = 0.05
@@ -122,13 +124,19 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(endpoint.serve)
+            if spec.listen is not None:
+                # An edge to or from a worker that joined over TCP: it reaches us here (CURVE), at
+                # the port our Ready reports.
+                listening = endpoint.listen_tcp(spec.listen)
+                log.info("tcp_listening", process=spec.process, pid=os.getpid(), endpoint=listening)
             try:
                 try:
                     stages = await _start_stages(spec, endpoint, tracer, nursery, shutdown)
                 except BaseException:
                     startup_traceback_path(Path(spec.ipc_dir), spec.process).write_text(traceback.format_exc())
                     raise
-                await endpoint.send("main", m.Ready(process=spec.process, stages=list(stages)))
+                ready = m.Ready(process=spec.process, stages=list(stages), endpoint=endpoint.tcp_endpoint or "")
+                await endpoint.send("main", ready)
                 await shutdown.wait()
                 async with trio.open_nursery() as stopping:
                     for stage in stages.values():

@@ -62,6 +62,52 @@ def tensor_config(main_host: str, far_host: str, far_factory: str = "create_scal
     )
 
 
+def chain_config(main_host: str, far_host: str, restart: bool = False) -> ot.PipelineConfig:
+    """``make`` (caller) -> ``a`` (local worker) -> ``far`` (the far host) -> ``b`` (local worker) ->
+    ``total`` (caller): two worker <-> worker edges cross the hosts, 4 MiB tensors on every edge.
+    With ``restart``, ``a`` is restarted after it died (a request with the ``crash`` param kills it)."""
+    scale = f"{M}.create_scale"
+    a: dict[str, Any] = {"factory": {"factor": 2.0}}
+    if restart:
+        a = {"factory": {"factor": 2.0, "crash": True}, "restart": "on-failure"}
+    return ot.PipelineConfig(
+        entry_stage="make",
+        stages=[
+            ot.StageConfig(name="make", factory_path=f"{M}.create_make", next="a"),
+            ot.StageConfig(name="a", process="p_a", factory_path=scale, next="far", **a),
+            ot.StageConfig(name="far", process="p_far", factory_path=scale, factory={"factor": 3.0}, next="b"),
+            ot.StageConfig(name="b", process="p_b", factory_path=scale, factory={"factor": 5.0}, next="total"),
+            ot.StageConfig(name="total", factory_path=f"{M}.create_total", terminal=True),
+        ],
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_far": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
+    )
+
+
+async def chain(main_host: str, far_host: str) -> None:
+    async with ot.open_pipeline(chain_config(main_host, far_host), start_timeout=30) as pipeline:
+        _say("READY")
+        result = [await pipeline.submit(f"r{i}", "x", params={"numel": 1 << 20}) for i in range(3)]
+        _say("REFUSED", (await pipeline.stats()).refused_frames)
+    _say("RESULT", result)
+
+
+async def restart(main_host: str, far_host: str) -> None:
+    numel = {"numel": 1 << 20}
+    async with ot.open_pipeline(chain_config(main_host, far_host, restart=True), start_timeout=30) as pipeline:
+        first = await pipeline.submit("r0", "x", params=numel)
+        try:
+            await pipeline.submit("r1", "x", params={**numel, "crash": True})
+        except ot.StageProcessDied as exc:
+            _say("FAILED", type(exc).__name__)
+        # Waits while p_a restarts; then crosses to the far worker and back again.
+        result = [first, await pipeline.submit("r2", "x", params=numel)]
+        _say("REFUSED", (await pipeline.stats()).refused_frames)
+    _say("RESULT", result)
+
+
 async def fanin(main_host: str, far_host: str) -> None:
     results: dict[int, object] = {}
     async with ot.open_pipeline(fanin_config(main_host, far_host), start_timeout=30) as pipeline:
@@ -92,6 +138,7 @@ async def killed(main_host: str, far_host: str) -> None:
             await pipeline.submit("r0", "x", params={"numel": 1 << 20})
     except Exception as exc:  # noqa: BLE001 - what the test checks
         _say("FAILED", f"{type(exc).__name__} {time.monotonic()!r}")
+        _say("ERROR", str(exc))
         return
     _say("RESULT", "the request did not fail")
 
@@ -123,7 +170,14 @@ async def partition(main_host: str, far_host: str) -> None:
 def main() -> None:
     """Run one scenario."""
     scenario, main_host, far_host = sys.argv[1:4]
-    scenarios = {"fanin": fanin, "tensors": tensors, "killed": killed, "partition": partition}
+    scenarios = {
+        "fanin": fanin,
+        "tensors": tensors,
+        "chain": chain,
+        "restart": restart,
+        "killed": killed,
+        "partition": partition,
+    }
     trio.run(scenarios[scenario], main_host, far_host)
 
 

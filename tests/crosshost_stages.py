@@ -19,9 +19,10 @@ def create_make(numel: int = 1 << 20) -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
-def create_scale(factor: float, ray_node: bool = False, blocks: bool = True) -> SimpleScheduler:
+def create_scale(factor: float, ray_node: bool = False, blocks: bool = True, crash: bool = False) -> SimpleScheduler:
     """``t * factor``, and the pid of the process that did it (and, with ``ray_node``, its Ray node's id);
-    a request with the ``block`` param is held forever (unless ``blocks`` is False)."""
+    a request with the ``block`` param is held forever (unless ``blocks`` is False); with ``crash``, one
+    with the ``crash`` param kills the process."""
     import os
     import threading
 
@@ -32,6 +33,8 @@ def create_scale(factor: float, ray_node: bool = False, blocks: bool = True) -> 
         node = ray.get_runtime_context().get_node_id()
 
     def fn(payload: StagePayload) -> StagePayload:
+        if crash and payload.request.params.get("crash"):
+            os._exit(1)
         if blocks and payload.request.params.get("block"):  # hold the request until the process dies
             threading.Event().wait()
         payload.data = {"t": payload.data["t"] * factor, "pid": os.getpid(), "node": node}
@@ -59,6 +62,17 @@ def create_join() -> SimpleScheduler:
             }
             for name, part in data.items()
         }
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_total() -> SimpleScheduler:
+    """The tensor's sum and length, and the pid of the stage before (a result that compares exactly)."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        data: dict[str, Any] = payload.data
+        payload.data = {"sum": float(data["t"].double().sum()), "numel": int(data["t"].numel()), "pid": data["pid"]}
         return payload
 
     return SimpleScheduler(fn)

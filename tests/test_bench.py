@@ -100,21 +100,25 @@ def test_serving_row_speaks_to_the_demo_over_http(tmp_path: Path) -> None:
     assert metrics["http_c8_first_audio_ms"] > 0 and metrics["c1_latency_http_over_direct"] > 0
 
 
-def test_quick_tcp_rows_between_namespaces(tmp_path: Path) -> None:
+def test_quick_tcp_rows_run_in_the_main_bench_or_say_why_not(tmp_path: Path) -> None:
     from omni_trio.netns import unavailable
 
+    out = tmp_path / "bench.json"
+    proc = bench(out, "--quick", "--only", "tcp", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(out.read_text(encoding="utf-8"))
+    rows = {"W1-tcp", "W4-tcp", "W5-tcp"}
+    assert document["errors"] == {}
     reason = unavailable()
     if reason is not None:
-        pytest.skip(f"the TCP rows run between network namespaces: {reason}")
-    out = tmp_path / "bench-tcp.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "omni_trio.bench_tcp", "--quick", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads(out.read_text(encoding="utf-8"))["results"]
-    assert set(results) == {"W1-tcp", "W4-tcp", "W5-tcp"}
+        # Not root, or no ip netns: each row is skipped with the reason, printed and in the JSON.
+        assert document["workloads"] == {} and set(document["skipped"]) == rows
+        assert all(reason in why for why in document["skipped"].values())
+        assert f"skipping W4-tcp: the TCP rows run between network namespaces: {reason}" in proc.stderr
+        return
+    assert document["skipped"] == {}
+    results = document["workloads"]
+    assert set(results) == rows
     for name, metrics in results.items():
         for metric, value in metrics.items():
             assert isinstance(value, (int, float)) and value > 0, (name, metric, value)
@@ -143,3 +147,14 @@ async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_pat
                           if e["request_id"] == f"r{i}" and e["from_stage"] == stage)
             assert mine[0] == (0, 1), (stage, mine)
             assert sum(count for _, count in mine) == 40
+
+
+def test_without_root_the_tcp_rows_say_why_they_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omni_trio import bench as suite
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert suite.skip_reason("W1-tcp") == (
+        "the TCP rows run between network namespaces: needs root to create network namespaces (ip netns)"
+    )
+    assert suite.skip_reason("W1") is None
+    assert suite.parse_args(["--only", "W1,tcp"]).workloads == ["W1", "W1-tcp", "W4-tcp", "W5-tcp"]

@@ -14,6 +14,14 @@ over TCP between hosts (CURVE, issue #16) plugs in at the same place, as another
 
 Cost on the hot path: one BLAKE2b of the message on each side, ~1.5 µs for a control message of a
 few hundred bytes (docs/benchmarks.md, the hop budget); a big pickled header costs ~1 ms per MiB.
+
+On a CURVE connection (``seal(..., over_curve=True)``) the tensor frames (memoryviews of a tensor's
+own storage, :mod:`omni_trio.comm.tcp`) are bound by their position and length only, not hashed:
+libzmq already authenticates every frame of such a connection, whose peers hold the run's key, and
+hashing hundreds of MiB again cost more than the encryption. The proof then ends with the indexes of
+those frames (covered by the MAC itself, so they cannot be changed); everything a decoder or the
+unpickler reads (the tag, the body, a pickled header) is still proven on every socket. See
+docs/design.md §10.
 """
 
 from __future__ import annotations
@@ -59,8 +67,8 @@ class Authenticator(Protocol):
     def refused(self) -> int:
         """Messages refused so far by the sockets of this process."""
 
-    def seal(self, frames: Sequence[Frame]) -> list[Frame]:
-        """``frames`` with their proof: what a socket sends."""
+    def seal(self, frames: Sequence[Frame], *, over_curve: bool = False) -> list[Frame]:
+        """``frames`` with their proof: what a socket sends (``over_curve``: on a CURVE connection)."""
 
     def open(self, frames: list[bytes], source: str) -> list[bytes] | None:
         """A received message without its proof; None (counted and reported) if it has no valid one."""
@@ -96,25 +104,44 @@ class FrameMac:
         """Messages refused so far."""
         return self._refused
 
-    def _mac(self, frames: Sequence[Frame]) -> bytes:
+    def _mac(self, frames: Sequence[Frame], unhashed: tuple[int, ...] = ()) -> bytes:
         lengths = [_size(frame) for frame in frames]
-        header = struct.pack(f"<BQ{len(lengths)}Q", _MESSAGE, len(lengths), *lengths)
+        header = struct.pack(
+            f"<BQ{len(lengths)}QQ{len(unhashed)}I", _MESSAGE, len(lengths), *lengths, len(unhashed), *unhashed
+        )
         mac = hashlib.blake2b(header, key=self._secret, digest_size=MAC_BYTES)
-        for frame in frames:
-            mac.update(frame.buffer if isinstance(frame, zmq.Frame) else frame)
+        skip = set(unhashed)
+        for index, frame in enumerate(frames):
+            if index not in skip:
+                mac.update(frame.buffer if isinstance(frame, zmq.Frame) else frame)
         return mac.digest()
 
-    def seal(self, frames: Sequence[Frame]) -> list[Frame]:
-        """``frames`` followed by their proof."""
-        return [*frames, self._mac(frames)]
+    def seal(self, frames: Sequence[Frame], *, over_curve: bool = False) -> list[Frame]:
+        """``frames`` followed by their proof; ``over_curve``: the socket is a CURVE connection, its
+        tensor frames (memoryviews) are bound by position and length only (see the module docstring)."""
+        unhashed = tuple(i for i, frame in enumerate(frames) if type(frame) is memoryview) if over_curve else ()
+        proof = self._mac(frames, unhashed)
+        if unhashed:
+            proof += struct.pack(f"<{len(unhashed)}I", *unhashed)
+        return [*frames, proof]
 
     def open(self, frames: list[bytes], source: str) -> list[bytes] | None:
         """``frames`` without their proof, or None when the proof is missing or wrong."""
         if len(frames) < 2:
             self._refuse(source, f"{len(frames)} frame(s), no room for a proof")
             return None
-        body = frames[:-1]
-        if not hmac.compare_digest(frames[-1], self._mac(body)):
+        body, proof = frames[:-1], frames[-1]
+        unhashed: tuple[int, ...] = ()
+        if len(proof) != MAC_BYTES:
+            extra = len(proof) - MAC_BYTES
+            if extra < 0 or extra % 4 or extra // 4 > len(body):
+                self._refuse(source, "no valid proof of this run")
+                return None
+            unhashed = struct.unpack(f"<{extra // 4}I", proof[MAC_BYTES:])
+            if any(index >= len(body) for index in unhashed) or list(unhashed) != sorted(set(unhashed)):
+                self._refuse(source, "no valid proof of this run")
+                return None
+        if not hmac.compare_digest(proof[:MAC_BYTES], self._mac(body, unhashed)):
             self._refuse(source, "no valid proof of this run")
             return None
         return body

@@ -97,6 +97,7 @@ class Endpoint:
         context: zmq.Context[Any] | None = None,
         pull: TrioSocket | None = None,
         far: frozenset[str] = frozenset(),
+        tcp_peers: frozenset[str] = frozenset(),
     ) -> None:
         self.process = process
         self.ipc_dir = ipc_dir
@@ -118,6 +119,10 @@ class Endpoint:
         self._tcp = dict(tcp or {})
         #: Where this process receives over TCP (None: ipc only, or set by the socket passed as ``pull``).
         self.tcp_endpoint: str | None = None if pull is None else pull.source
+        #: Peers reached over TCP whatever their host (one of the two joined the run over TCP and has
+        #: no socket in the other's directory); those not in ``tcp`` arrive in a PeerAddresses message.
+        self._tcp_peers = tcp_peers
+        self._peers_known = trio.Event()
         self._push: dict[str, TrioSocket] = {}
         self._relays: dict[str, ShmRelay] = {}
         self._allocators: dict[str, SlotAllocator] = {}
@@ -156,6 +161,7 @@ class Endpoint:
         self.on(m.CreditReturn, self._on_credit_return)
         self.on(m.SlotRelease, self._on_slot_release)
         self.on(m.Abort, self._on_abort)
+        self.on(m.PeerAddresses, self._on_peer_addresses)
 
     # ------------------------------------------------------------------ registration
 
@@ -202,13 +208,21 @@ class Endpoint:
         return self.tcp_endpoint
 
     def learn_address(self, process: str, endpoint: str) -> None:
-        """``process`` (one of the run's) is on another host, reached at ``endpoint``."""
+        """``process`` (one of the run's) is reached over TCP at ``endpoint`` (a new address, after a
+        restart, replaces the connection to the old one)."""
         if process not in self._processes:
             raise LookupError(f"{process[:80]!r} is not a process of this run")
         if self._tcp.get(process) != endpoint:
-            # A new incarnation (it rejoined elsewhere): what is queued for the old one is not for it.
+            # A new incarnation (it rejoined elsewhere): what is queued for the old one was for the
+            # incarnation that died, whose requests failed with it.
             self._close_push(process)
         self._tcp[process] = endpoint
+
+    async def _on_peer_addresses(self, message: m.PeerAddresses) -> None:
+        for process, endpoint in message.addresses.items():
+            if process in self._tcp_peers:
+                self.learn_address(process, endpoint)
+        self._peers_known.set()
 
     def receive_also(self, endpoint: str, admit: Callable[[], bool]) -> TrioSocket:
         """Receive also on a socket of its own bound at the ``tcp://`` ``endpoint`` (CURVE): its messages
@@ -285,7 +299,11 @@ class Endpoint:
             # A name from a message (a stats request's reply_to) must not open a socket per value.
             if process not in self._processes:
                 raise LookupError(f"{process[:80]!r} is not a process of this run")
-            address = self._tcp.get(process) or socket_path(self.ipc_dir, process)
+            address = self._tcp.get(process)
+            if address is None:
+                if process in self._tcp_peers:
+                    raise LookupError(f"no tcp:// address of process {process!r} came in the run's PeerAddresses")
+                address = str(socket_path(self.ipc_dir, process))
             sock = self._push[process] = connect_push(self._ctx, address, self.policy)
         return sock
 
@@ -295,7 +313,14 @@ class Endpoint:
 
     async def send(self, process: str, message: m.ControlMessage) -> None:
         """Send one control message to ``process``."""
-        await self._socket_to(process).send_multipart(encode(message))
+        sock = self._push.get(process)
+        if sock is None:
+            if process in self._tcp_peers and process not in self._tcp:
+                # The runner sends the peers' addresses once every worker is ready: a message
+                # from a peer can reach us before that one does.
+                await self._peers_known.wait()
+            sock = self._socket_to(process)
+        await sock.send_multipart(encode(message))
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)

@@ -38,6 +38,7 @@ __all__ = [
     "HeldRequest",
     "Join",
     "JoinSpec",
+    "PeerAddresses",
     "Ready",
     "Shutdown",
     "SlotRelease",
@@ -352,13 +353,48 @@ class Shutdown(ControlMessage):
     """Coordinator → stage: leave the receive loop and stop."""
 
 
+def _opt_tcp_endpoint(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not str or (value and not _TCP_ENDPOINT.fullmatch(value)):
+        raise ValueError(f"{attribute.name} must be '' or a tcp://HOST:PORT endpoint, got {str(value)[:80]!r}")
+
+
+#: Where a process receives over TCP: ``tcp://HOST:PORT`` (an IPv4 address, ``[IPv6]`` or a host name).
+_TCP_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
+
+
+def _peer_addresses(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not dict:
+        raise TypeError(f"{attribute.name} must be a map, got {type(value).__name__}")
+    for process, endpoint in value.items():
+        if type(process) is not str or not _PROCESS_NAME.fullmatch(process):
+            raise ValueError(f"{attribute.name}: keys must be process names, got {str(process)[:80]!r}")
+        if type(endpoint) is not str or not _TCP_ENDPOINT.fullmatch(endpoint):
+            raise ValueError(f"{attribute.name}[{process!r}] must be a tcp://HOST:PORT endpoint, "
+                             f"got {str(endpoint)[:80]!r}")
+
+
 @message("ready")
 @attrs.frozen
 class Ready(ControlMessage):
-    """Worker process → runner: all its stages are built and listening."""
+    """Worker process → runner: all its stages are built and listening.
+
+    ``endpoint``: where it also receives over TCP (CURVE; a worker that joined, or a local one with
+    an edge to or from one), '' if nowhere.
+    """
 
     process: str = attrs.field(validator=_process_name)
     stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    endpoint: str = attrs.field(default="", validator=_opt_tcp_endpoint)
+
+
+@message("peer_addresses")
+@attrs.frozen
+class PeerAddresses(ControlMessage):
+    """Runner → worker, once every worker is ready (and again when one restarted): the ``tcp://``
+    endpoints of the peers it exchanges messages with over TCP (``{process: endpoint}``). Until it
+    arrives, a worker's first message to such a peer waits for it."""
+
+    addresses: dict[str, str] = attrs.field(validator=_peer_addresses)
 
 
 @message("join")

@@ -38,7 +38,9 @@ refuse a peer without the run's key before any frame reaches us).
 Every socket of a run is built with the run's :class:`SocketPolicy`: its
 :class:`~omni_trio.control.auth.Authenticator` seals each message sent and
 checks each message received before the caller sees it (a message without
-valid proof is counted and skipped: ``recv_multipart`` never returns it), and
+valid proof is counted and skipped: ``recv_multipart`` never returns it; a
+``tcp://`` PUSH socket, a CURVE connection, leaves its tensor frames out of the
+hash, see :mod:`omni_trio.control.auth`), and
 its ``max_message_bytes`` is the socket's ``ZMQ_MAXMSGSIZE`` (libzmq drops
 the connection of a peer that sends a bigger frame, before buffering it) and
 the limit of each frame sent (:class:`~omni_trio.errors.MessageTooLarge`
@@ -121,9 +123,13 @@ class TrioSocket:
     without one (a bare socket, not one of a run) frames pass as they are.
     """
 
-    def __init__(self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "") -> None:
+    def __init__(
+        self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "", curve: bool = False
+    ) -> None:
         self._sock = socket
         self._auth = None if policy is None else policy.auth
+        #: A CURVE connection (a tcp:// PUSH socket): libzmq authenticates each frame it sends.
+        self._curve = curve
         self._opens = self._auth is not None
         self._max_frame = None if policy is None else policy.max_message_bytes
         self._source = source
@@ -269,7 +275,7 @@ class TrioSocket:
                 if size > self._max_frame:
                     raise MessageTooLarge(size, self._max_frame)
         if self._auth is not None:
-            frames = self._auth.seal(frames)
+            frames = self._auth.seal(frames, over_curve=self._curve)
         try:
             self._send_now(frames)
         except zmq.Again:
@@ -443,7 +449,7 @@ def _connect(
             monitor.close(linger=0)
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=source), monitor
+    return TrioSocket(sock, policy, source=source, curve=tcp), monitor
 
 
 def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:

@@ -19,6 +19,7 @@ from omni_trio.control.messages import (
     ControlMessage,
     DataAck,
     DataReady,
+    PeerAddresses,
     Ready,
     StatsReply,
     message,
@@ -73,6 +74,9 @@ SAMPLES: list[ControlMessage] = [
     DataAck(request_id="r0", from_stage="b", to_stage="a", object_id="r0:payload:a:b:1", success=True),
     DataAck(request_id="r0", from_stage="b", to_stage="a", object_id="o", success=False, error="read failed"),
     Ready(process="p0", stages=["a", "b"]),
+    Ready(process="p0", stages=["a"], endpoint="tcp://10.0.0.2:4567"),
+    PeerAddresses(addresses={"p_far": "tcp://10.0.0.2:4567", "p@r1": "tcp://[::1]:80", "q": "tcp://h.example:1"}),
+    PeerAddresses(addresses={}),
     StatsReply(token=7, stages={"a": {"active": 0}}, process="p0"),
 ]
 for _cls in MESSAGE_TYPES.values():
@@ -186,6 +190,11 @@ def test_large_bytes_travel_out_of_band() -> None:
             "bool",
         ),
         ("ready", {"process": "p", "stages": "ab"}, "tuple"),
+        ("ready", {"process": "p", "stages": [], "endpoint": "ipc:///tmp/x"}, "tcp://HOST:PORT"),
+        ("peer_addresses", {"addresses": {"p": "tcp://10.0.0.2:*"}}, "tcp://HOST:PORT"),
+        ("peer_addresses", {"addresses": {"../x": "tcp://10.0.0.2:1"}}, "process names"),
+        ("peer_addresses", {"addresses": {"p": 7}}, "tcp://HOST:PORT"),
+        ("peer_addresses", {"addresses": ["p"]}, "map"),
         ("stats_request", {"reply_to": "x", "token": "7"}, "int"),
     ],
 )

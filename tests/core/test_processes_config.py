@@ -138,19 +138,21 @@ def test_processes_in_a_config_file(tmp_path: Path) -> None:
     assert any("processes" in p.path and "hots" in p.message for p in info.value.problems)
 
 
-def test_an_edge_between_workers_across_hosts_is_refused_until_built() -> None:
+def test_an_edge_between_workers_across_hosts_is_accepted_and_its_local_end_listens_on_tcp() -> None:
+    from omni_trio.config import process_edges
+    from omni_trio.processes import joins, tcp_listeners
+
     stages = [
         stage("a", "create_append", next="b"),
         stage("b", "create_append", process="local", next="c"),
-        stage("c", "create_append", process="far", terminal=True),
+        stage("c", "create_append", process="far", next="d"),
+        stage("d", "create_append", process="back", next="e"),
+        stage("e", "create_append", process="alone", terminal=True),
     ]
-    with pytest.raises(ot.ConfigError) as info:
-        ot.PipelineConfig(
-            stages=stages,
-            processes={"main": ot.ProcessConfig(host="h1"), "far": ot.ProcessConfig(launcher="manual", host="h2")},
-        )
-    assert [str(p) for p in info.value.problems] == [
-        "stages[1].next: 'c' is in process 'far' and this stage in 'local': an edge between two worker processes "
-        "of which one is on another host than the caller is not built yet; place one of the two stages in the "
-        "caller's process (process=None) or in the same process"
-    ]
+    config = ot.PipelineConfig(
+        stages=stages,
+        processes={"main": ot.ProcessConfig(host="h1"), "far": ot.ProcessConfig(launcher="manual", host="h2")},
+    )
+    # 'local' sends to the far worker, 'back' receives from it: both listen; 'alone' talks to 'back' only.
+    assert tcp_listeners(config.processes, process_edges(config)) == {"local", "back"}
+    assert joins(config.processes, "far") and not joins(config.processes, "local")

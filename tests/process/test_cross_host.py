@@ -225,6 +225,65 @@ async def test_tensors_go_over_tcp_across_namespaces_and_shm_within(hosts: Hosts
     assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_far": 0, "p_near": 0}
 
 
+async def test_worker_to_worker_edges_cross_namespaces_over_tcp(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # caller -> p_a (local worker) -> p_far (the other namespace) -> p_b (local worker) -> caller.
+    trace = tmp_dir.path / "run.jsonl"
+    env = {"OMNI_TRIO_TRACE": str(trace), "OMNI_TRIO_LOG_LEVEL": "info"}
+    with trio.fail_after(90):
+        async with in_namespace(hosts.near, _caller("chain", hosts), tmp_dir, **env) as caller:
+            # Both local workers listen on TCP (they have an edge with the far worker) before it joins.
+            pattern = r"tcp_listening .*endpoint=(\S+) pid=\d+ process={}$"
+            listening = {
+                process: (await caller.line("err", pattern.format(process))).group(1) for process in ("p_a", "p_b")
+            }
+            assert all(address.startswith(f"tcp://{hosts.near_ip}:") for address in listening.values()), listening
+            # A peer with a key pair of its own is refused by the local worker's ZAP handler.
+            key = (await caller.line("err", r"--key (\S+)'")).group(1)
+            argv = [sys.executable, "-c", _INTRUDER, listening["p_b"], key, "wrong"]
+            async with in_namespace(hosts.far, argv, tmp_dir) as peer:
+                refused = (await peer.line("out", r"^REFUSED (\S+)")).group(1)
+            await caller.line("err", r"curve_peer_refused .*process=p_b refused=1")
+            async with await _start_worker(caller, hosts, tmp_dir) as worker:
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+            assert worker.process.returncode == 0, worker.lines["err"][-20:]
+    assert refused == "HANDSHAKE_FAILED_AUTH"
+    n = 1 << 20
+    results = json.loads(caller.said("RESULT"))
+    assert [(r["sum"], r["numel"]) for r in results] == [(30 * n * (n - 1) / 2, n)] * 3
+    edges = {
+        (e["from_stage"], e["to_stage"]): e["transport"]
+        for e in read_trace(trace)
+        if e.get("event") == "comm_payload_send"
+    }
+    assert edges == {("make", "a"): "shm", ("a", "far"): "tcp", ("far", "b"): "tcp", ("b", "total"): "shm"}
+    assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_a": 0, "p_b": 0, "p_far": 0}
+
+
+async def test_a_restarted_local_worker_is_found_again_by_the_remote_one(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # p_a (local, restart="on-failure") <-> p_far (the other namespace): p_a dies on r1 and comes back
+    # at the same TCP port, where the far worker's connection (its ACKs to p_a) finds it again.
+    trace = tmp_dir.path / "run.jsonl"
+    env = {"OMNI_TRIO_TRACE": str(trace), "OMNI_TRIO_LOG_LEVEL": "info"}
+    with trio.fail_after(90):
+        async with in_namespace(hosts.near, _caller("restart", hosts), tmp_dir, **env) as caller:
+            async with await _start_worker(caller, hosts, tmp_dir) as worker:
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+            assert worker.process.returncode == 0, worker.lines["err"][-20:]
+    pattern = re.compile(r"tcp_listening .*endpoint=(\S+) pid=(\d+) process=p_a$")
+    incarnations = [match.groups() for line in caller.lines["err"] if (match := pattern.search(line))]
+    assert len(incarnations) == 2 and incarnations[0][0] == incarnations[1][0], incarnations
+    assert incarnations[0][1] != incarnations[1][1]
+    assert caller.said("FAILED") == "StageProcessDied"
+    n = 1 << 20
+    results = json.loads(caller.said("RESULT"))
+    assert [(r["sum"], r["numel"]) for r in results] == [(30 * n * (n - 1) / 2, n)] * 2
+    sends = [(e["request_id"], e["from_stage"], e["transport"]) for e in read_trace(trace)
+             if e.get("event") == "comm_payload_send" and e["to_stage"] in ("far", "b")]
+    assert ("r2", "a", "tcp") in sends and ("r2", "far", "tcp") in sends, sends
+
+
 async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts: Hosts, tmp_dir: Scratch) -> None:
     with trio.fail_after(60):
         async with (
@@ -236,7 +295,7 @@ async def test_killing_the_remote_worker_fails_its_request_within_a_second(hosts
             worker.process.kill()
             await caller.line("out", "^FAILED ")
     error, at = caller.said("FAILED").split()
-    assert error == "StageProcessDied"
+    assert error == "StageProcessDied", caller.said("ERROR")
     print(f"\nFIGURES kill_to_failure_s={float(at) - killed_at:.3f}")
     assert float(at) - killed_at < 1.0, caller.lines["err"][-20:]
 
