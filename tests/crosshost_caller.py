@@ -18,6 +18,7 @@ import attrs
 import trio
 
 import omni_trio as ot
+from examples import ch6_pipeline
 from examples.ch4_fanin import make_config
 
 M = "tests.crosshost_stages"
@@ -131,6 +132,25 @@ async def tensors(main_host: str, far_host: str) -> None:
     _say("RESULT", result)
 
 
+async def transport(main_host: str, far_host: str) -> None:
+    """The chapter's transport experiment (``examples/ch6_pipeline.py``, the ``big`` run) with ``far`` on
+    the far host: ``src`` and ``near`` share a local worker, so ``src -> far`` is a worker <-> worker edge
+    across the hosts. Traced to ``sys.argv[4]``; prints the result and the chapter's per-edge summary."""
+    trace = sys.argv[4]
+    config = attrs.evolve(
+        ch6_pipeline.make_config(big_chunk=True),
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_far": ot.ProcessConfig(launcher="manual", host=far_host),
+        },
+    )
+    async with ot.open_pipeline(config, trace=trace, start_timeout=30) as pipeline:
+        _say("READY")
+        result = await pipeline.submit("r0", "go")
+    _say("RESULT", result)
+    _say("SUMMARY", ch6_pipeline.summarize(trace))
+
+
 async def killed(main_host: str, far_host: str) -> None:
     try:
         async with ot.open_pipeline(tensor_config(main_host, far_host, "create_block"), start_timeout=30) as pipeline:
@@ -177,6 +197,7 @@ def main() -> None:
         "restart": restart,
         "killed": killed,
         "partition": partition,
+        "transport": transport,
     }
     trio.run(scenarios[scenario], main_host, far_host)
 

@@ -24,6 +24,7 @@ import attrs
 import pytest
 import trio
 
+from examples import ch6_pipeline
 from examples.ch4_fanin import run_experiment
 from omni_trio.netns import Namespaces, run_ip, unavailable, veth_namespaces
 from omni_trio.tracing import read_trace
@@ -223,6 +224,25 @@ async def test_tensors_go_over_tcp_across_namespaces_and_shm_within(hosts: Hosts
     }
     assert edges == {("make", "far"): "tcp", ("far", "join"): "tcp", ("make", "near"): "shm", ("near", "join"): "shm"}
     assert json.loads(caller.said("REFUSED")) == {"main": 0, "p_far": 0, "p_near": 0}
+
+
+async def test_the_chapters_transport_experiment_across_namespaces(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # The chapter's transport experiment (its "big" run: a 64 KiB chunk over the inline limit), once on
+    # this host and once with ``far`` in the other namespace: the same result; what went through shared
+    # memory locally goes over TCP between the namespaces, the rest is unchanged.
+    local_trace = tmp_dir.path / "local.jsonl"
+    with trio.fail_after(60):
+        expected = await ch6_pipeline.run(True, local_trace)
+    trace = tmp_dir.path / "run.jsonl"
+    with trio.fail_after(60):
+        async with in_namespace(hosts.near, _caller("transport", hosts, str(trace)), tmp_dir) as caller:
+            async with await _start_worker(caller, hosts, tmp_dir):
+                await caller.process.wait()
+            assert caller.process.returncode == 0, caller.lines["err"][-20:]
+    assert json.loads(caller.said("RESULT")) == expected
+    local = ch6_pipeline.summarize(local_trace)
+    assert json.loads(caller.said("SUMMARY")) == [line.replace("shm", "tcp") for line in local]
+    assert [line.split()[-1] for line in local] == ["local_object", "shm", "shm", "inline", "shm"]
 
 
 async def test_worker_to_worker_edges_cross_namespaces_over_tcp(hosts: Hosts, tmp_dir: Scratch) -> None:
