@@ -12,9 +12,11 @@ first, as every stage module of a ported pipeline does (the data plane then walk
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,10 +76,8 @@ def codec_steps() -> dict[str, float]:
 
     def run_read() -> None:
         coro = read()
-        try:
+        with contextlib.suppress(StopIteration):
             coro.send(None)
-        except StopIteration:
-            pass
 
     return {
         "send: encode_inline (walk + pickle payload)": per_call_us(lambda: encode_inline(payload, **kw)),
@@ -232,29 +232,37 @@ def _trio_spawn_us() -> float:
 _trio_checkpoint_us_inline = 0.0
 
 
-def scheduler_handoff_us(rounds: int = 500) -> float:
-    """Round trip of one request through a default SimpleScheduler's thread: enqueue on the trio loop,
-    compute on the scheduler thread, the Outbox's put wakes the loop's drain."""
+def _scheduler_round_trip_us(compute: Callable[[Any], Any], rounds: int) -> float:
+    """Median round trip of one request through ``SimpleScheduler(compute)``, attached to the loop as a
+    stage attaches it: enqueue on the trio loop, compute, the Outbox's put wakes the loop's drain."""
 
     async def main() -> float:
-        scheduler = SimpleScheduler(lambda payload: payload)
+        scheduler = SimpleScheduler(compute)
         thread = SchedulerThread("s", scheduler)
         source = outbox_source("s", scheduler.outbox)
         thread.start()
         await thread.warm.wait()
         samples = []
-        for i in range(rounds + 50):
-            start = time.perf_counter_ns()
-            scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
-            batch = await source.next_batch()
-            samples.append((time.perf_counter_ns() - start) / 1000)
-            assert batch[0].data == i
-        scheduler.stop()
+        async with trio.open_nursery() as nursery:
+            scheduler.attach_loop(nursery)
+            for i in range(rounds + 50):
+                start = time.perf_counter_ns()
+                scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
+                batch = await source.next_batch()
+                samples.append((time.perf_counter_ns() - start) / 1000)
+                assert batch[0].data == i
+            scheduler.stop()
         source.close()
         await thread.finished.wait()
         return statistics.median(samples[50:])
 
     return trio.run(main)
+
+
+def scheduler_handoff_us(rounds: int = 500) -> float:
+    """Round trip of one request through a default SimpleScheduler's thread: enqueue on the trio loop,
+    compute on the scheduler thread, the Outbox's put wakes the loop's drain."""
+    return _scheduler_round_trip_us(lambda payload: payload, rounds)
 
 
 def handoff_segments(rounds: int = 500) -> dict[str, float]:
@@ -307,27 +315,7 @@ def async_on_loop_us(rounds: int = 500) -> float:
     async def compute(payload: int) -> int:
         return payload
 
-    async def main() -> float:
-        scheduler = SimpleScheduler(compute)
-        thread = SchedulerThread("s", scheduler)
-        source = outbox_source("s", scheduler.outbox)
-        thread.start()
-        await thread.warm.wait()
-        samples = []
-        async with trio.open_nursery() as nursery:
-            scheduler.attach_loop(nursery)
-            for i in range(rounds + 50):
-                start = time.perf_counter_ns()
-                scheduler.enqueue(IncomingMessage(f"r{i}", "new_request", i))
-                batch = await source.next_batch()
-                samples.append((time.perf_counter_ns() - start) / 1000)
-                assert batch[0].data == i
-            scheduler.stop()
-        source.close()
-        await thread.finished.wait()
-        return statistics.median(samples[50:])
-
-    return trio.run(main)
+    return _scheduler_round_trip_us(compute, rounds)
 
 
 def raw_thread_round_trip_us(rounds: int = 500) -> float:

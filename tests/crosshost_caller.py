@@ -87,12 +87,17 @@ def chain_config(main_host: str, far_host: str, restart: bool = False) -> ot.Pip
     )
 
 
-async def chain(main_host: str, far_host: str) -> None:
-    async with ot.open_pipeline(chain_config(main_host, far_host), start_timeout=30) as pipeline:
+async def _three_tensor_requests(config: ot.PipelineConfig) -> None:
+    """Three requests of 4 MiB tensors; then what the run refused, and the results."""
+    async with ot.open_pipeline(config, start_timeout=30) as pipeline:
         _say("READY")
         result = [await pipeline.submit(f"r{i}", "x", params={"numel": 1 << 20}) for i in range(3)]
         _say("REFUSED", (await pipeline.stats()).refused_frames)
     _say("RESULT", result)
+
+
+async def chain(main_host: str, far_host: str) -> None:
+    await _three_tensor_requests(chain_config(main_host, far_host))
 
 
 async def restart(main_host: str, far_host: str) -> None:
@@ -125,11 +130,7 @@ async def fanin(main_host: str, far_host: str) -> None:
 
 
 async def tensors(main_host: str, far_host: str) -> None:
-    async with ot.open_pipeline(tensor_config(main_host, far_host), start_timeout=30) as pipeline:
-        _say("READY")
-        result = [await pipeline.submit(f"r{i}", "x", params={"numel": 1 << 20}) for i in range(3)]
-        _say("REFUSED", (await pipeline.stats()).refused_frames)
-    _say("RESULT", result)
+    await _three_tensor_requests(tensor_config(main_host, far_host))
 
 
 async def transport(main_host: str, far_host: str) -> None:
