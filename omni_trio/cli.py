@@ -413,7 +413,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from omni_trio.join import KeyFile
-    from omni_trio.worker import run_joined
+    from omni_trio.worker_join import run_joined
 
     _add_app_dir(args.app_dir)
     if not args.join.startswith("tcp://"):

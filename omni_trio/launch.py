@@ -42,7 +42,7 @@ from omni_trio.tracing import get_logger
 log = get_logger(__name__)
 
 #: Modules every worker imports: the template loads them whatever the stages are.
-WORKER_MODULES = ("omni_trio.worker", "omni_trio.runtime")
+WORKER_MODULES = ("omni_trio.worker",)
 #: Hooks of a stage whose modules a worker imports too.
 _HOOK_FIELDS = ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy")
 

@@ -36,7 +36,6 @@ import trio
 from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig, StageConfig, process_edges
 from omni_trio.control import messages as m
-from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
 from omni_trio.join import RemoteProcess
@@ -45,39 +44,13 @@ from omni_trio.processes import host_of, joins, tcp_listeners
 from omni_trio.remote import RemoteWorkers
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
+from omni_trio.worker_spec import WorkerSpec, startup_traceback_path
 
 log = get_logger(__name__)
 
 #: How long stopping workers may drain before they are terminated, then killed.
 GRACEFUL_STOP_S = 10.0
 FIRM_STOP_S = 5.0
-
-
-@attrs.frozen
-class WorkerSpec:
-    """Everything a worker needs, written by the runtime into the private IPC directory."""
-
-    config: PipelineConfig
-    process: str
-    ipc_dir: str
-    shm_prefix: str
-    #: The run's secret: every message carries its proof (omni_trio/control/auth.py).
-    secret: bytes
-    trace_path: str | None
-    sys_path: list[str]
-    #: Requests failed when an earlier incarnation of this process died: messages for
-    #: them still queued towards its socket must be dropped by the new one.
-    retired: list[str] = attrs.field(factory=list)
-    #: The run's CURVE keys, for a process with ``tcp://`` sockets (omni_trio/control/curve.py).
-    curve: CurveKeys | None = None
-    #: Peers on other hosts: their ``tcp://`` control endpoints.
-    tcp: dict[str, str] = attrs.field(factory=dict)
-    #: Joined over TCP (``manual``): no parent process, no pipe to watch.
-    joined: bool = False
-    #: A local worker with an edge to or from a process that joined over TCP: where it also receives
-    #: over TCP (CURVE, with ``curve``): ``tcp://HOST:*`` at first (the port it got is in its Ready),
-    #: the same port again when it is restarted (its peers' connections find it there).
-    listen: str | None = None
 
 
 @attrs.define(eq=False)
@@ -109,11 +82,6 @@ class Worker:
     def returncode(self) -> int | None:
         """The exit status (None while running)."""
         return None if self.process is None else self.process.returncode
-
-
-def startup_traceback_path(ipc_dir: Path, process: str) -> Path:
-    """Where a worker that failed to start leaves its traceback."""
-    return ipc_dir / f"{process}.traceback"
 
 
 class Supervisor:

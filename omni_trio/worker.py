@@ -31,6 +31,7 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.assembly import build_stages, connect_stages, endpoint_for
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
 from omni_trio.comm.segments import freeze_creation
 from omni_trio.config import MAIN_PROCESS
@@ -38,11 +39,10 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.join import KeyFile
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
-from omni_trio.supervisor import WorkerSpec, startup_traceback_path
 from omni_trio.tracing import Tracer, get_logger
+from omni_trio.worker_spec import WorkerSpec, startup_traceback_path
 
 log = get_logger(__name__)
 
@@ -107,8 +107,6 @@ async def serve(
     A worker that joined over TCP (:mod:`omni_trio.worker_join`) passes its ZMQ ``context`` and its
     bound receive socket ``pull`` and the ``policy`` of its sockets.
     """
-    from omni_trio.runtime import endpoint_for
-
     if not spec.joined:
         # Here, not in main(): however the worker was started, it watches its owner before anything else.
         # A worker that joined over TCP has no owner on this host: its connection's drop tells instead.
@@ -151,8 +149,6 @@ async def serve(
 async def _start_stages(
     spec: WorkerSpec, endpoint: Endpoint, tracer: Tracer, nursery: trio.Nursery, shutdown: trio.Event
 ) -> dict[str, Stage]:
-    from omni_trio.runtime import build_stages, connect_stages
-
     config = spec.config
     group, replica = split_replica(spec.process)
     stages: dict[str, Stage] = build_stages(
@@ -223,24 +219,13 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(serve, spec)
     except BaseException:  # noqa: BLE001 - the traceback was reported; the exit code tells the parent
         traceback.print_exc()
-        _exit(1)
-    _exit(0)
+        hard_exit(1)
+    hard_exit(0)
 
 
-def run_joined(join_address: str, key: KeyFile) -> None:
-    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
-    from omni_trio.worker_join import join
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        trio.run(join, join_address, key)
-    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
-        _exit(1)
-    _exit(0)
-
-
-def _exit(code: int) -> None:
-    # A hard exit: a user thread that never ends must not keep the worker alive.
+def hard_exit(code: int) -> None:
+    """Flush stdout and stderr and end the process with ``code`` at once: a user thread that never
+    ends must not keep the worker alive."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -17,6 +17,7 @@ import functools
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -36,9 +37,10 @@ from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
 from omni_trio.join import KeyFile
-from omni_trio.supervisor import WorkerSpec
+from omni_trio.worker import hard_exit, serve
+from omni_trio.worker_spec import WorkerSpec
 
-__all__ = ["JOIN_TIMEOUT_S", "join"]
+__all__ = ["JOIN_TIMEOUT_S", "join", "run_joined"]
 
 #: How long a joining worker waits for the caller's answer.
 JOIN_TIMEOUT_S = 60.0
@@ -71,8 +73,6 @@ def _release(shm_prefix: str, local_dir: str) -> None:
 
 async def join(join_address: str, key: KeyFile) -> None:
     """Join the run ``key`` belongs to at ``join_address`` and serve until it ends."""
-    from omni_trio.worker import serve
-
     ctx: zmq.Context[Any] = zmq.Context()
     policy = SocketPolicy(
         FrameMac(bytes.fromhex(key.secret), process=key.process),
@@ -115,3 +115,13 @@ async def join(join_address: str, key: KeyFile) -> None:
         ctx.destroy(linger=0)
         if local_dir is not None:
             shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def run_joined(join_address: str, key: KeyFile) -> None:
+    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trio.run(join, join_address, key)
+    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
+        hard_exit(1)
+    hard_exit(0)
