@@ -62,7 +62,7 @@ from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.coordinator import Coordinator
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
-from omni_trio.runtime import open_pipeline
+from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, SimpleScheduler, StreamingSimpleScheduler
 
 M = "omni_trio.bench"

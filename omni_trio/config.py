@@ -202,7 +202,7 @@ class PipelineConfig:
     default: one preloaded template process per pipeline forks them, so N
     workers cost about one import of torch and the stage modules) or
     ``"spawn"`` (a fresh interpreter per worker; for stage modules that must
-    be imported in every process on their own). See :mod:`omni_trio.launch`.
+    be imported in every process on their own). See :mod:`omni_trio.runtime.launch`.
     """
 
     stages: list[StageConfig] = attrs.field(converter=_name_list)
@@ -453,7 +453,7 @@ def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
     ]
 
 
-#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.launch`).
+#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.launch`).
 START_METHODS = ("template", "spawn")
 
 

@@ -1,6 +1,6 @@
 """What one process of a pipeline builds of it: its stages, their links, its endpoint.
 
-The caller's process (:mod:`omni_trio.runtime`) and every worker process (:mod:`omni_trio.worker`)
+The caller's process (:mod:`omni_trio.runtime.pipeline`) and every worker process (:mod:`omni_trio.runtime.worker`)
 assemble their part of the pipeline with these, so both build it the same way.
 """
 
@@ -139,7 +139,7 @@ def endpoint_for(
     ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.auth`);
     ``curve`` its CURVE keys when some process is on another host (:mod:`omni_trio.control.curve`),
     ``tcp`` the peers known to be there; a worker that joined over TCP passes its ``context`` and
-    bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.worker_join`).
+    bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.runtime.worker_join`).
     """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     placement = addressed_placement(config)

@@ -1,7 +1,7 @@
 """What a worker process is told: its :class:`WorkerSpec`, and where it reports a failed start-up.
 
-The supervisor writes the spec (or a joined worker receives it, :mod:`omni_trio.worker_join`);
-the worker (:mod:`omni_trio.worker`) reads it and, if it cannot start, leaves its traceback at
+The supervisor writes the spec (or a joined worker receives it, :mod:`omni_trio.runtime.worker_join`);
+the worker (:mod:`omni_trio.runtime.worker`) reads it and, if it cannot start, leaves its traceback at
 :func:`startup_traceback_path`, where the supervisor looks for it.
 """
 

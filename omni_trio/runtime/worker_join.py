@@ -1,6 +1,6 @@
 """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: the worker side of the ``manual`` launcher.
 
-The key file (written by the caller, see :mod:`omni_trio.join`) holds the run's CURVE keys and secret,
+The key file (written by the caller, see :mod:`omni_trio.runtime.join`) holds the run's CURVE keys and secret,
 the group's name and the host to bind on. The worker binds its control socket there (any free port),
 sends ``Join`` to the caller over CURVE, waits (up to :data:`JOIN_TIMEOUT_S`) for its spec on that
 socket, then serves like a local worker. It exits when the caller says Shutdown, or when a connection
@@ -36,9 +36,9 @@ from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
-from omni_trio.join import KeyFile
-from omni_trio.worker import hard_exit, serve
-from omni_trio.worker_spec import WorkerSpec
+from omni_trio.runtime.join import KeyFile
+from omni_trio.runtime.spec import WorkerSpec
+from omni_trio.runtime.worker import hard_exit, serve
 
 __all__ = ["JOIN_TIMEOUT_S", "join", "run_joined"]
 
