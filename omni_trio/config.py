@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from omni_trio.configwrite import save_config
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.hooks import did_you_mean, dotted_path, factory_kwarg_problems, hook_path_problems, import_problem
 from omni_trio.processes import ProcessConfig, processes_problems
@@ -230,8 +231,6 @@ class PipelineConfig:
 
     def to_file(self, path: str | os.PathLike[str]) -> None:
         """Write this config to a TOML, JSON or YAML file (see :func:`omni_trio.load_config`)."""
-        from omni_trio.configfile import save_config
-
         save_config(self, path)
 
     @property
