@@ -173,7 +173,7 @@ def embedded_request_us(blocks: int = 60, per: int = 20) -> dict[str, float]:
     import attrs
 
     from omni_trio import bench
-    from omni_trio.runtime import open_pipeline
+    from omni_trio.runtime.pipeline import open_pipeline
 
     def embedded(config: Any) -> Any:
         stages = [attrs.evolve(s, process=None, factory={"inline": True}) for s in config.stages]

@@ -45,7 +45,7 @@ from omni_trio.pipeline_stats import PipelineHealth, PipelineStats
 from omni_trio.processes import ProcessConfig
 from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
 from omni_trio.request_stream import RequestStream
-from omni_trio.runtime import open_pipeline
+from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.scheduling import (
     BusyTime,
     Inbox,

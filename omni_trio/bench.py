@@ -57,12 +57,13 @@ import torch
 import trio
 
 from omni_trio import bench_replicas as replica_bench
+from omni_trio.bench_measure import copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
 from omni_trio.comm.alloc import empty
 from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.coordinator import Coordinator
 from omni_trio.events import StreamMessage
 from omni_trio.payload import StagePayload
-from omni_trio.runtime import open_pipeline
+from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, SimpleScheduler, StreamingSimpleScheduler
 
 M = "omni_trio.bench"
@@ -310,17 +311,6 @@ def fanin_config() -> PipelineConfig:
 # --------------------------------------------------------------------------- measurement helpers
 
 
-def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
-    """p50/p90/p99 (nearest rank) of durations in seconds, in milliseconds, with the sample count."""
-    ordered = sorted(samples_s)
-
-    def rank(p: float) -> float:
-        index = min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))
-        return ordered[index] * 1000
-
-    return {"p50_ms": rank(50), "p90_ms": rank(90), "p99_ms": rank(99), "n": float(len(ordered))}
-
-
 async def sequential_latency(config: PipelineConfig, requests: int, warmup: int, inputs: Any = "x") -> dict[str, float]:
     """Open ``config``, run ``warmup`` then ``requests`` requests one after another; latency percentiles."""
     samples: list[float] = []
@@ -334,30 +324,8 @@ async def sequential_latency(config: PipelineConfig, requests: int, warmup: int,
     return percentiles_ms(samples)
 
 
-def _proc_cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks (from /proc/<pid>/stat)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the full line)
 
 
-def _descendant_pids(root: int) -> list[int]:
-    """Live processes descended from ``root`` (from /proc): workers forked by a template are its children."""
-    parent_of = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent_of[int(entry.name)] = int(text[text.rindex(")") + 2:].split()[1])
-    found: list[int] = []
-    parents = {root}
-    while parents:
-        parents = {pid for pid, parent in parent_of.items() if parent in parents}
-        found += sorted(parents)
-    return found
 
 
 # --------------------------------------------------------------------------- workloads
@@ -415,24 +383,6 @@ async def w9(q: bool) -> dict[str, float]:
     return result
 
 
-def _copy_costs(numel: int, runs: int) -> tuple[float, float]:
-    """Median seconds of ``buf.copy_(t)`` into a preallocated buffer and of ``t.clone()``."""
-
-    t = torch.ones(numel, dtype=torch.float32)
-    buf = torch.empty_like(t)
-    buf.copy_(t)
-    copies, clones = [], []
-    for _ in range(runs):
-        started = time.perf_counter()
-        buf.copy_(t)
-        copies.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        c = t.clone()
-        clones.append(time.perf_counter() - started)
-        del c
-    return statistics.median(copies), statistics.median(clones)
-
-
 async def _w4_latencies(config: PipelineConfig, sizes_mb: list[int], runs: int) -> dict[int, float]:
     """Median seconds per request of each size through ``config`` (a :func:`tensor_config`)."""
     latencies: dict[int, float] = {}
@@ -468,7 +418,7 @@ async def w4(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     result: dict[str, float] = {}
     for size in sizes_mb:
         latency = default[size]
-        copy_s, clone_s = _copy_costs(size * MB // 4, max(runs, 5))
+        copy_s, clone_s = copy_costs(size * MB // 4, max(runs, 5))
         result[f"{size}MB_latency_ms"] = latency * 1000
         result[f"{size}MB_MB_per_s"] = size / latency
         result[f"{size}MB_copy_ms"] = copy_s * 1000
@@ -540,11 +490,11 @@ async def idle(q: bool) -> dict[str, float]:
     async with open_pipeline(chain_config(4)) as pipeline:
         await pipeline.submit("warm", "x")
         await trio.sleep(0.2)
-        pids = [os.getpid(), *_descendant_pids(os.getpid())]
-        before = {pid: _proc_cpu_ticks(pid) for pid in pids}
+        pids = [os.getpid(), *descendant_pids(os.getpid())]
+        before = {pid: proc_cpu_ticks(pid) for pid in pids}
         started = time.perf_counter()
         await trio.sleep(seconds)
-        after = {pid: _proc_cpu_ticks(pid) for pid in pids}
+        after = {pid: proc_cpu_ticks(pid) for pid in pids}
         elapsed = time.perf_counter() - started
     ticks = sum(after[pid] - before[pid] for pid in pids)
     cpu_s = ticks / os.sysconf("SC_CLK_TCK")

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omni_trio.bench_measure import copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
+
 SGLANG_OMNI_VERSION = "0.1.9"
 ROOT = Path(__file__).resolve().parent.parent
 SHIMS = ROOT / "benchmarks" / "sglang_shims"
@@ -500,8 +502,6 @@ def _request(inputs: Any, **params: Any) -> Any:
 
 async def sequential_latency(config: Any, requests: int, warmup: int, inputs: Any = "x") -> dict[str, float]:
     """Run ``warmup`` then ``requests`` requests one after another; latency percentiles."""
-    from omni_trio.bench import percentiles_ms
-
     samples: list[float] = []
     async with _Runner(config) as coordinator:
         for i in range(warmup):
@@ -547,8 +547,6 @@ async def w3(q: bool) -> dict[str, float]:
 
 async def w4(q: bool) -> dict[str, float]:
     """A float32 tensor from a source process to a sink process; compared with in-process copies."""
-    from omni_trio.bench import _copy_costs
-
     sizes_mb = [1] if q else [4, 64]
     runs = 3 if q else 7
     result: dict[str, float] = {}
@@ -564,7 +562,7 @@ async def w4(q: bool) -> dict[str, float]:
                 if out["numel"] != numel:
                     raise RuntimeError(f"sink saw {out['numel']} elements, expected {numel}")
             latency = statistics.median(samples)
-            copy_s, clone_s = _copy_costs(numel, max(runs, 5))
+            copy_s, clone_s = copy_costs(numel, max(runs, 5))
             result[f"{size}MB_latency_ms"] = latency * 1000
             result[f"{size}MB_MB_per_s"] = size / latency
             result[f"{size}MB_copy_ms"] = copy_s * 1000
@@ -635,17 +633,15 @@ async def w8(q: bool) -> dict[str, float]:
 
 async def idle(q: bool) -> dict[str, float]:
     """CPU of a started, idle 4-stage pipeline: this process and its worker processes."""
-    from omni_trio.bench import _descendant_pids, _proc_cpu_ticks
-
     seconds = 0.5 if q else 3.0
     async with _Runner(chain_config(4)) as coordinator:
         await coordinator.submit("warm", "x")
         await asyncio.sleep(0.2)
-        pids = [os.getpid(), *_descendant_pids(os.getpid())]
-        before = {pid: _proc_cpu_ticks(pid) for pid in pids}
+        pids = [os.getpid(), *descendant_pids(os.getpid())]
+        before = {pid: proc_cpu_ticks(pid) for pid in pids}
         started = time.perf_counter()
         await asyncio.sleep(seconds)
-        after = {pid: _proc_cpu_ticks(pid) for pid in pids}
+        after = {pid: proc_cpu_ticks(pid) for pid in pids}
         elapsed = time.perf_counter() - started
     ticks = sum(after[pid] - before[pid] for pid in pids)
     cpu_s = ticks / os.sysconf("SC_CLK_TCK")

@@ -175,7 +175,7 @@ def _progress(message: str) -> None:
 
 
 async def _run_request(config: PipelineConfig, args: argparse.Namespace, inputs: str, out: TextIO) -> int:
-    from omni_trio.runtime import open_pipeline
+    from omni_trio.runtime.pipeline import open_pipeline
 
     status = EXIT_OK
     processes = sorted({stage.process for stage in config.stages if stage.process is not None})
@@ -412,8 +412,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: a ``manual`` process group's worker."""
     from pathlib import Path
 
-    from omni_trio.join import KeyFile
-    from omni_trio.worker import run_joined
+    from omni_trio.runtime.join import KeyFile
+    from omni_trio.runtime.worker_join import run_joined
 
     _add_app_dir(args.app_dir)
     if not args.join.startswith("tcp://"):

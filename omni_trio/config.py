@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from omni_trio.configwrite import save_config
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.hooks import did_you_mean, dotted_path, factory_kwarg_problems, hook_path_problems, import_problem
 from omni_trio.processes import ProcessConfig, processes_problems
@@ -202,7 +203,7 @@ class PipelineConfig:
     default: one preloaded template process per pipeline forks them, so N
     workers cost about one import of torch and the stage modules) or
     ``"spawn"`` (a fresh interpreter per worker; for stage modules that must
-    be imported in every process on their own). See :mod:`omni_trio.launch`.
+    be imported in every process on their own). See :mod:`omni_trio.runtime.launch`.
     """
 
     stages: list[StageConfig] = attrs.field(converter=_name_list)
@@ -230,8 +231,6 @@ class PipelineConfig:
 
     def to_file(self, path: str | os.PathLike[str]) -> None:
         """Write this config to a TOML, JSON or YAML file (see :func:`omni_trio.load_config`)."""
-        from omni_trio.configfile import save_config
-
         save_config(self, path)
 
     @property
@@ -453,7 +452,7 @@ def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
     ]
 
 
-#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.launch`).
+#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.launch`).
 START_METHODS = ("template", "spawn")
 
 

@@ -125,7 +125,7 @@ async def pipeline_for(
     """
     import trio
 
-    from omni_trio.runtime import open_pipeline
+    from omni_trio.runtime.pipeline import open_pipeline
 
     config = placed(config, placement)
     started = False

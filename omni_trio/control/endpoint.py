@@ -111,9 +111,9 @@ class Endpoint:
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
         self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
-        #: Sockets other components opened on the context (omni_trio/join.py): closed with the endpoint.
+        #: Sockets other components opened on the context (omni_trio/runtime/join.py): closed with the endpoint.
         self._adopted: list[TrioSocket] = []
-        #: A receive socket bound already (a worker that joined over TCP, omni_trio/join.py).
+        #: A receive socket bound already (a worker that joined over TCP, omni_trio/runtime/join.py).
         self._pull: TrioSocket | None = pull
         #: Peers on other hosts: their ``tcp://`` control endpoints (the others are ipc paths).
         self._tcp = dict(tcp or {})

@@ -10,7 +10,7 @@ from typing import TextIO
 import trio
 
 from omni_trio.config import PipelineConfig
-from omni_trio.runtime import open_pipeline
+from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.serve import serve
 from omni_trio.serve.server import serve_config_of
 

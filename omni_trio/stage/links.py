@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from omni_trio.comm.router import COORDINATOR, TransportLog
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.payload import StagePayload, StreamItem
-
-if TYPE_CHECKING:
-    from omni_trio.stage.stage import Stage
 
 
 class StageLink(Protocol):
@@ -63,12 +60,28 @@ class CoordinatorReports(Protocol):
         """A terminal stage streamed a chunk."""
 
 
+class DeliveryTarget(Protocol):
+    """What a same-process edge hands things to: the receiving side of a :class:`~omni_trio.stage.stage.Stage`."""
+
+    #: The stage's name.
+    name: str
+
+    async def deliver_payload(self, request_id: str, from_stage: str, payload: StagePayload) -> None:
+        """An upstream stage's payload arrived."""
+
+    async def deliver_stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> object:
+        """Upstream stream chunks arrived, in order."""
+
+    async def deliver_stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """An upstream stream ended (or failed with ``error``)."""
+
+
 class LocalStageLink:
     """An edge to a stage in the same process: objects are handed over directly."""
 
     local = True
 
-    def __init__(self, target: Stage, transports: TransportLog) -> None:
+    def __init__(self, target: DeliveryTarget, transports: TransportLog) -> None:
         self.target = target.name
         self._stage = target
         self._transports = transports

@@ -432,7 +432,7 @@ def test_run_shows_progress_on_a_terminal(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_worker_refuses_a_bad_join_address_or_key_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from omni_trio.join import KeyFile
+    from omni_trio.runtime.join import KeyFile
 
     code, _, err = run_cli(capsys, "worker", "--join", "10.0.0.1:5", "--key", "k")
     assert code == 2 and "--join takes the caller's tcp://HOST:PORT, got '10.0.0.1:5'" in err

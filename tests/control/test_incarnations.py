@@ -1,4 +1,4 @@
-"""Join incarnations (omni_trio/join.py): nothing a superseded incarnation sends reaches the caller's state.
+"""Join incarnations (omni_trio/runtime/join.py): nothing a superseded incarnation sends reaches the caller's state.
 
 The caller's real endpoint and ManualWorkers over loopback TCP with CURVE; the test plays the joining
 worker with sockets of the run's keys (what ``omni-trio worker --join`` does first).
@@ -22,7 +22,7 @@ from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve, new_curve_keys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
-from omni_trio.join import ManualWorkers
+from omni_trio.runtime.join import ManualWorkers
 from omni_trio.tracing import Tracer
 
 

@@ -15,8 +15,8 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio import runtime
 from omni_trio.control.auth import FrameMac
+from omni_trio.runtime import pipeline
 
 #: Where POSIX shared-memory segments live, and the prefix of every omni-trio segment.
 SHM_DIR = Path("/dev/shm")
@@ -78,16 +78,16 @@ def descendants(of: int | None = None) -> dict[int, tuple[str, str]]:
 
 
 def workers_of(parent: int) -> set[int]:
-    """Worker processes (``python -m omni_trio.worker``) descended from ``parent``.
+    """Worker processes (``python -m omni_trio.runtime.worker``) descended from ``parent``.
 
     Descendants, not children: workers forked by the pipeline's template are the template's children.
     """
-    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.worker" in cmd}
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.worker" in cmd}
 
 
 def templates_of(parent: int) -> set[int]:
-    """Template processes (``python -m omni_trio.template_main``) descended from ``parent``."""
-    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.template_main" in cmd}
+    """Template processes (``python -m omni_trio.runtime.template_main``) descended from ``parent``."""
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.template_main" in cmd}
 
 
 def rss(pid: int) -> int:
@@ -109,13 +109,14 @@ def running(pid: int) -> bool:
 
 
 def worker_processes() -> dict[int, str]:
-    """Worker processes (``omni_trio.worker``) descended from this process that still exist."""
-    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.worker" in cmd}
+    """Worker processes (``omni_trio.runtime.worker``) descended from this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.worker" in cmd}
 
 
 def template_processes() -> dict[int, str]:
-    """Template processes (``omni_trio.template_main``, see omni_trio.launch) of this process that still exist."""
-    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.template_main" in cmd}
+    """Template processes (``omni_trio.runtime.template_main``, see omni_trio.runtime.launch) of this process
+    that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.template_main" in cmd}
 
 
 def zombie_children() -> list[int]:
@@ -221,7 +222,7 @@ def nothing_left_behind(base: Path) -> Iterator[None]:
     failing test does not fail the next ones.
     """
     prefixes: list[str] = []
-    real_remove = runtime.remove_segments
+    real_remove = pipeline.remove_segments
 
     def remove_segments(prefix: str) -> list[str]:
         prefixes.append(prefix)
@@ -229,7 +230,7 @@ def nothing_left_behind(base: Path) -> Iterator[None]:
 
     workers_before = set(worker_processes()) | set(template_processes())
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runtime, "remove_segments", remove_segments)
+        patch.setattr(pipeline, "remove_segments", remove_segments)
         yield
     problems = []
     if dirs := ipc_dirs(base):

@@ -21,12 +21,12 @@ import trio.testing
 import zmq
 
 import omni_trio as ot
-from omni_trio import supervisor as supervisor_module
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind
-from omni_trio.control import directory as directory_module
 from omni_trio.control import dispatch as dispatch_module
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
+from omni_trio.runtime import directory as directory_module
+from omni_trio.runtime import supervisor as supervisor_module
 from tests.placement import stage
 from tests.process import helpers
 

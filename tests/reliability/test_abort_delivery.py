@@ -30,7 +30,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.control import directory as directory_module
+from omni_trio.runtime import directory as directory_module
 from tests.process import helpers
 from tests.reliability.abort_stages import HOG, read_starts
 

@@ -2,7 +2,7 @@
 
 Each live request ends with :class:`~omni_trio.StageProcessDied` naming the dead
 process, attributed by asking the other processes what they hold (one round trip,
-bounded by :data:`~omni_trio.control.directory.HOLDERS_TIMEOUT_S`): a request no
+bounded by :data:`~omni_trio.runtime.directory.HOLDERS_TIMEOUT_S`): a request no
 live process holds was in the dead one, or on its way there ("lost",
 ``held_by`` None); a request another process holds is aborted there at once
 (``held_by`` names it), since it may still need the dead process. Every failed
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from omni_trio.errors import StageProcessDied
 
 if TYPE_CHECKING:
-    from omni_trio.control.directory import ProcessDirectory
     from omni_trio.coordinator import Coordinator
     from omni_trio.replicas import ReplicaDispatcher
-    from omni_trio.supervisor import Worker
+    from omni_trio.runtime.directory import ProcessDirectory
+    from omni_trio.runtime.supervisor import Worker
 
 
 class WorkerDeaths:

@@ -33,8 +33,8 @@ from omni_trio.tracing import get_logger
 
 if TYPE_CHECKING:
     from omni_trio.coordinator import Coordinator
+    from omni_trio.runtime.supervisor import Supervisor
     from omni_trio.stage.stage import Stage
-    from omni_trio.supervisor import Supervisor
 
 log = get_logger(__name__)
 

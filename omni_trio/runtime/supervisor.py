@@ -1,7 +1,7 @@
 """Worker processes as trio tasks: start in parallel, wait for readiness, notice death, stop.
 
-Each process group runs what ``python -m omni_trio.worker SPEC`` runs, started
-by the pipeline's launcher (:mod:`omni_trio.launch`: forked from a preloaded
+Each process group runs what ``python -m omni_trio.runtime.worker SPEC`` runs, started
+by the pipeline's launcher (:mod:`omni_trio.runtime.launch`: forked from a preloaded
 template by default, or spawned). Its exit is an awaited event, not a poll.
 Start-up is ready when the worker said ``Ready`` (its control socket, where
 aborts arrive too, is bound by then, so no abort can be missed). Shutdown
@@ -13,7 +13,7 @@ it died (same name, same socket path; peers' PUSH sockets reconnect on their
 own), after an exponential backoff, at most ``max_restarts`` times over the
 pipeline's life (the first wait is the stages' ``restart_backoff_s``). Each
 attempt goes through the same readiness handshake. A ``manual`` or ``ray``
-group's worker is started again its launcher's way (:mod:`omni_trio.remote`)
+group's worker is started again its launcher's way (:mod:`omni_trio.runtime.remote`)
 and joins as a new incarnation.
 
 In a run where some worker joined over TCP, the caller sends each worker its peers'
@@ -36,13 +36,13 @@ import trio
 from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig, StageConfig, process_edges
 from omni_trio.control import messages as m
-from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.errors import StageStartupError, describe_exit
-from omni_trio.join import RemoteProcess
-from omni_trio.launch import Launcher, WorkerProcess, launcher_for
 from omni_trio.processes import host_of, joins, tcp_listeners
-from omni_trio.remote import RemoteWorkers
+from omni_trio.runtime.join import RemoteProcess
+from omni_trio.runtime.launch import Launcher, WorkerProcess, launcher_for
+from omni_trio.runtime.remote import RemoteWorkers
+from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
 from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
@@ -51,33 +51,6 @@ log = get_logger(__name__)
 #: How long stopping workers may drain before they are terminated, then killed.
 GRACEFUL_STOP_S = 10.0
 FIRM_STOP_S = 5.0
-
-
-@attrs.frozen
-class WorkerSpec:
-    """Everything a worker needs, written by the runtime into the private IPC directory."""
-
-    config: PipelineConfig
-    process: str
-    ipc_dir: str
-    shm_prefix: str
-    #: The run's secret: every message carries its proof (omni_trio/control/auth.py).
-    secret: bytes
-    trace_path: str | None
-    sys_path: list[str]
-    #: Requests failed when an earlier incarnation of this process died: messages for
-    #: them still queued towards its socket must be dropped by the new one.
-    retired: list[str] = attrs.field(factory=list)
-    #: The run's CURVE keys, for a process with ``tcp://`` sockets (omni_trio/control/curve.py).
-    curve: CurveKeys | None = None
-    #: Peers on other hosts: their ``tcp://`` control endpoints.
-    tcp: dict[str, str] = attrs.field(factory=dict)
-    #: Joined over TCP (``manual``): no parent process, no pipe to watch.
-    joined: bool = False
-    #: A local worker with an edge to or from a process that joined over TCP: where it also receives
-    #: over TCP (CURVE, with ``curve``): ``tcp://HOST:*`` at first (the port it got is in its Ready),
-    #: the same port again when it is restarted (its peers' connections find it there).
-    listen: str | None = None
 
 
 @attrs.define(eq=False)
@@ -109,11 +82,6 @@ class Worker:
     def returncode(self) -> int | None:
         """The exit status (None while running)."""
         return None if self.process is None else self.process.returncode
-
-
-def startup_traceback_path(ipc_dir: Path, process: str) -> Path:
-    """Where a worker that failed to start leaves its traceback."""
-    return ipc_dir / f"{process}.traceback"
 
 
 class Supervisor:

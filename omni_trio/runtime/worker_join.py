@@ -1,6 +1,6 @@
 """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: the worker side of the ``manual`` launcher.
 
-The key file (written by the caller, see :mod:`omni_trio.join`) holds the run's CURVE keys and secret,
+The key file (written by the caller, see :mod:`omni_trio.runtime.join`) holds the run's CURVE keys and secret,
 the group's name and the host to bind on. The worker binds its control socket there (any free port),
 sends ``Join`` to the caller over CURVE, waits (up to :data:`JOIN_TIMEOUT_S`) for its spec on that
 socket, then serves like a local worker. It exits when the caller says Shutdown, or when a connection
@@ -17,6 +17,7 @@ import functools
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -35,10 +36,11 @@ from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
-from omni_trio.join import KeyFile
-from omni_trio.supervisor import WorkerSpec
+from omni_trio.runtime.join import KeyFile
+from omni_trio.runtime.spec import WorkerSpec
+from omni_trio.runtime.worker import hard_exit, serve
 
-__all__ = ["JOIN_TIMEOUT_S", "join"]
+__all__ = ["JOIN_TIMEOUT_S", "join", "run_joined"]
 
 #: How long a joining worker waits for the caller's answer.
 JOIN_TIMEOUT_S = 60.0
@@ -71,8 +73,6 @@ def _release(shm_prefix: str, local_dir: str) -> None:
 
 async def join(join_address: str, key: KeyFile) -> None:
     """Join the run ``key`` belongs to at ``join_address`` and serve until it ends."""
-    from omni_trio.worker import serve
-
     ctx: zmq.Context[Any] = zmq.Context()
     policy = SocketPolicy(
         FrameMac(bytes.fromhex(key.secret), process=key.process),
@@ -115,3 +115,13 @@ async def join(join_address: str, key: KeyFile) -> None:
         ctx.destroy(linger=0)
         if local_dir is not None:
             shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def run_joined(join_address: str, key: KeyFile) -> None:
+    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trio.run(join, join_address, key)
+    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
+        hard_exit(1)
+    hard_exit(0)

@@ -1,4 +1,4 @@
-"""``python -m omni_trio.worker SPEC``: one process group's ``trio.run``.
+"""``python -m omni_trio.runtime.worker SPEC``: one process group's ``trio.run``.
 
 The runtime starts one worker per process group. A worker builds its
 stages, binds its control socket (aborts arrive there too), starts
@@ -38,10 +38,10 @@ from omni_trio.control import messages as m
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.join import KeyFile
+from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
+from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
-from omni_trio.supervisor import WorkerSpec, startup_traceback_path
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
@@ -104,11 +104,9 @@ async def serve(
 ) -> None:
     """Run the worker's stages until the runtime says Shutdown (or its owner is gone: :func:`watch_owner`).
 
-    A worker that joined over TCP (:mod:`omni_trio.worker_join`) passes its ZMQ ``context`` and its
+    A worker that joined over TCP (:mod:`omni_trio.runtime.worker_join`) passes its ZMQ ``context`` and its
     bound receive socket ``pull`` and the ``policy`` of its sockets.
     """
-    from omni_trio.runtime import endpoint_for
-
     if not spec.joined:
         # Here, not in main(): however the worker was started, it watches its owner before anything else.
         # A worker that joined over TCP has no owner on this host: its connection's drop tells instead.
@@ -151,8 +149,6 @@ async def serve(
 async def _start_stages(
     spec: WorkerSpec, endpoint: Endpoint, tracer: Tracer, nursery: trio.Nursery, shutdown: trio.Event
 ) -> dict[str, Stage]:
-    from omni_trio.runtime import build_stages, connect_stages
-
     config = spec.config
     group, replica = split_replica(spec.process)
     stages: dict[str, Stage] = build_stages(
@@ -211,10 +207,10 @@ async def _stop_stage(stage: Stage) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m omni_trio.worker SPEC``."""
+    """Entry point: ``python -m omni_trio.runtime.worker SPEC``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m omni_trio.worker SPEC (started by omni_trio.open_pipeline)")
+        raise SystemExit("usage: python -m omni_trio.runtime.worker SPEC (started by omni_trio.open_pipeline)")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with open(args[0], "rb") as handle:
         spec: WorkerSpec = pickle.load(handle)
@@ -223,24 +219,13 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(serve, spec)
     except BaseException:  # noqa: BLE001 - the traceback was reported; the exit code tells the parent
         traceback.print_exc()
-        _exit(1)
-    _exit(0)
+        hard_exit(1)
+    hard_exit(0)
 
 
-def run_joined(join_address: str, key: KeyFile) -> None:
-    """Entry point of ``omni-trio worker --join``: join the run, serve, exit (0 after Shutdown)."""
-    from omni_trio.worker_join import join
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        trio.run(join, join_address, key)
-    except BaseException:  # noqa: BLE001 - the traceback was printed; the exit code tells
-        _exit(1)
-    _exit(0)
-
-
-def _exit(code: int) -> None:
-    # A hard exit: a user thread that never ends must not keep the worker alive.
+def hard_exit(code: int) -> None:
+    """Flush stdout and stderr and end the process with ``code`` at once: a user thread that never
+    ends must not keep the worker alive."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,0 +1,68 @@
+"""Measurement helpers shared by the benchmarks (:mod:`omni_trio.bench`, :mod:`omni_trio.bench_sglang`):
+latency percentiles, a process tree's CPU ticks, the cost of an in-process tensor copy."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+__all__ = ["copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks"]
+
+
+def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
+    """p50/p90/p99 (nearest rank) of durations in seconds, in milliseconds, with the sample count."""
+    ordered = sorted(samples_s)
+
+    def rank(p: float) -> float:
+        index = min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))
+        return ordered[index] * 1000
+
+    return {"p50_ms": rank(50), "p90_ms": rank(90), "p99_ms": rank(99), "n": float(len(ordered))}
+
+
+def proc_cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` in clock ticks (from /proc/<pid>/stat)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the full line)
+
+
+def descendant_pids(root: int) -> list[int]:
+    """Live processes descended from ``root`` (from /proc): workers forked by a template are its children."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent_of[int(entry.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    found: list[int] = []
+    parents = {root}
+    while parents:
+        parents = {pid for pid, parent in parent_of.items() if parent in parents}
+        found += sorted(parents)
+    return found
+
+
+def copy_costs(numel: int, runs: int) -> tuple[float, float]:
+    """Median seconds of ``buf.copy_(t)`` into a preallocated buffer and of ``t.clone()``."""
+    # Here, not at the top: the SGLang-Omni driver imports this module and needs torch only for W4.
+    import torch
+
+    t = torch.ones(numel, dtype=torch.float32)
+    buf = torch.empty_like(t)
+    buf.copy_(t)
+    copies, clones = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        buf.copy_(t)
+        copies.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        c = t.clone()
+        clones.append(time.perf_counter() - started)
+        del c
+    return statistics.median(copies), statistics.median(clones)
