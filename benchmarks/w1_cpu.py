@@ -19,8 +19,8 @@ import attrs
 import trio
 
 import omni_trio as ot
-from omni_trio.bench import chain_config
 from omni_trio.bench_measure import descendant_pids, proc_cpu_ticks
+from omni_trio.bench_stages import chain_config
 
 
 async def measure(inline: bool, requests: int) -> None:

@@ -5,7 +5,7 @@
 
 Two network namespaces joined by a veth pair (:mod:`omni_trio.netns`; root needed) stand for two
 hosts: the caller runs in one (``ip netns exec``), a ``manual`` worker in the other, joined over CURVE.
-The workloads are the bench's own (:mod:`omni_trio.bench`), each stage in a worker process of its
+The workloads are the bench's own (:mod:`omni_trio.bench_workloads`), each stage in a worker process of its
 own as there, with the last stage's worker on the other host: the worker -> worker edge crosses the
 link, as does the result's way back to the caller.
 
@@ -31,7 +31,7 @@ from typing import IO, Any
 import attrs
 import trio
 
-from omni_trio import bench
+from omni_trio import bench_stages, bench_workloads
 from omni_trio.config import PipelineConfig
 from omni_trio.netns import unavailable, veth_namespaces
 from omni_trio.processes import ProcessConfig
@@ -40,9 +40,9 @@ __all__ = ["WORKLOADS", "main", "run_row", "tcp_placed"]
 
 #: workload -> the stages that go to the remote worker.
 WORKLOADS = {"W1": {"s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
-_CONFIGS = {"W1": lambda q: bench.chain_config(2), "W4": lambda q: bench.tensor_config(),
-            "W5": lambda q: bench.stream_config(50 if q else 1000)}
-_RUNS = {"W1": bench.w1, "W4": bench.w4, "W5": bench.w5}
+_CONFIGS = {"W1": lambda q: bench_stages.chain_config(2), "W4": lambda q: bench_stages.tensor_config(),
+            "W5": lambda q: bench_stages.stream_config(50 if q else 1000)}
+_RUNS = {"W1": bench_workloads.w1, "W4": bench_workloads.w4, "W5": bench_workloads.w5}
 #: How long one workload may take, start-up included.
 TIMEOUT_S = 600
 

@@ -50,7 +50,7 @@ def test_inline_runs_the_noop_compute_on_the_event_loops(tmp_path: Path) -> None
 
 
 def test_the_stage_factories_are_default_stage_code_unless_inline() -> None:
-    from omni_trio import bench as suite
+    from omni_trio import bench_stages as suite
 
     assert not suite.create_noop().inline and suite.create_noop(inline=True).inline
     stages = suite.fanin_config().stages + suite.chain_config(2).stages
@@ -131,7 +131,7 @@ async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_pat
     import trio
 
     import omni_trio as ot
-    from omni_trio.bench import stream_config
+    from omni_trio.bench_stages import stream_config
 
     trace = tmp_path / "w5.jsonl"
     with trio.fail_after(60):
