@@ -131,10 +131,7 @@ class Transfers:
         A receiver returns them itself when it drops the request too; this covers
         a receiver that never will (its process died).
         """
-        for object_id, held in list(self._held.items()):
-            if held.sender == sender and held.request_id == request_id:
-                del self._held[object_id]
-                held.relay.return_credit(held.receiver)
+        self._return_held_where(lambda held: held.sender == sender and held.request_id == request_id)
 
     def forget_receivers(self, receivers: set[str]) -> None:
         """The stages ``receivers`` are gone with their process: their puts are settled as failed now
@@ -145,8 +142,11 @@ class Transfers:
                 del self._pending[object_id]
                 pending.relay.settle(pending.put, False)
                 pending.acked.set()
+        self._return_held_where(lambda held: held.receiver in receivers)
+
+    def _return_held_where(self, chosen: Callable[[_HeldCredit], bool]) -> None:
         for object_id, held in list(self._held.items()):
-            if held.receiver in receivers:
+            if chosen(held):
                 del self._held[object_id]
                 held.relay.return_credit(held.receiver)
 
