@@ -1,8 +1,9 @@
-"""Abort delivery: the coordinator's broadcasts of aborts to every stage, at most one per request id.
+"""The coordinator's aborts under way: at most one per request id, each until every stage dropped it.
 
 A failed or aborted request is dropped everywhere before its caller hears of
-it (fast-fail): :meth:`AbortDelivery.start` starts the broadcast at once, and
-:meth:`AbortDelivery.settled` waits for it.
+it (fast-fail): :meth:`AbortsUnderWay.start` starts the abort at once (the
+directory delivers it, :mod:`omni_trio.control.aborts`), and
+:meth:`AbortsUnderWay.settled` waits for it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import trio
 
 from omni_trio.tracing import get_logger
 
-__all__ = ["AbortDelivery"]
+__all__ = ["AbortsUnderWay"]
 
 log = get_logger(__name__)
 
 
-class AbortDelivery:
-    """The abort broadcasts under way, by request id.
+class AbortsUnderWay:
+    """The aborts under way, by request id.
 
     ``abort(request_id)`` starts telling every stage to drop the request (the
     :class:`~omni_trio.coordinator.StageDirectory`'s ``abort``) and returns
@@ -35,7 +36,7 @@ class AbortDelivery:
         return request_id in self._aborting
 
     def start(self, request_id: str) -> trio.Event:
-        """Start (once) the abort broadcast of ``request_id``; the event fires when it is done."""
+        """Start (once) the abort of ``request_id``; the event fires when every stage dropped it."""
         done = self._aborting.get(request_id)
         if done is None:
             confirmed = self._abort(request_id)
@@ -44,13 +45,13 @@ class AbortDelivery:
         return done
 
     async def settled(self, request_id: str) -> None:
-        """Wait for the abort broadcast of ``request_id``, if one is under way (not shielded)."""
+        """Wait for the abort of ``request_id``, if one is under way (not shielded)."""
         pending = self._aborting.get(request_id)
         if pending is not None:
             await pending.wait()
 
     async def wait_all(self) -> None:
-        """Wait until no broadcast is under way, those started meanwhile included."""
+        """Wait until no abort is under way, those started meanwhile included."""
         while self._aborting:
             await next(iter(self._aborting.values())).wait()
 

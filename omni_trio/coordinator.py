@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import outcome
 import trio
 
-from omni_trio.abort_delivery import AbortDelivery
+from omni_trio.aborts_under_way import AbortsUnderWay
 from omni_trio.config import PipelineConfig
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
@@ -91,7 +91,7 @@ class Coordinator:
         self._tracer = tracer
         self._nursery = nursery
         self._live: dict[str, LiveRequest] = {}
-        self._aborts = AbortDelivery(directory.abort, nursery)
+        self._aborts = AbortsUnderWay(directory.abort, nursery)
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
