@@ -7,13 +7,12 @@ handler that raises loses its message only. Neither ever ends the receive loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from omni_trio.control import messages as m
 from omni_trio.control.codec import MalformedMessage, decode
-from omni_trio.control.zmq_trio import TrioSocket
 from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
@@ -23,6 +22,19 @@ RECEIVE_BATCH = 64
 
 M = TypeVar("M", bound=m.ControlMessage)
 Handler = Callable[[Any], Awaitable[None]]
+
+
+class MessageSource(Protocol):
+    """What a receive loop reads: a :class:`~omni_trio.control.zmq_trio.TrioSocket` (``tcp://``) or a
+    :class:`~omni_trio.control.unix_link.UnixPull` (this host)."""
+
+    async def recv_multipart(self) -> list[bytes]:
+        """One message; raises trio.ClosedResourceError once closed."""
+        ...
+
+    def recv_nowait(self) -> list[bytes] | None:
+        """One message already here, or None."""
+        ...
 
 
 class Dispatcher:
@@ -42,7 +54,7 @@ class Dispatcher:
             raise ValueError(f"{message_type.__name__} already has a handler in process {self._process!r}")
         self._handlers[message_type] = handler
 
-    async def receive_loop(self, sock: TrioSocket, source: str, admit: Callable[[], bool] | None = None) -> None:
+    async def receive_loop(self, sock: MessageSource, source: str, admit: Callable[[], bool] | None = None) -> None:
         """Handle what arrives on ``sock`` until it closes; with ``admit``, only while ``admit()`` says so
         (it is asked for each message, and counts what it refuses)."""
         while True:

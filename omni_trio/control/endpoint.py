@@ -1,10 +1,13 @@
 """One process's end of the control and data planes.
 
 Every process of a pipeline (the caller's "main" process and each worker)
-has one :class:`Endpoint`: a PULL socket ``<process>.sock`` in the run's IPC
-directory that receives every control message for the process, one PUSH
-socket per peer process, and the shared-memory relays of the stages that send
-from it. Aborts arrive on the PULL socket too, behind whatever the sender sent
+has one :class:`Endpoint`: an inbox ``<process>.sock`` in the run's IPC
+directory that receives every control message for the process from this host
+(a :class:`~omni_trio.control.unix_link.UnixPull`; a ZMQ PULL socket on
+``tcp://`` receives from other hosts), one link per peer process (a
+:class:`~omni_trio.control.unix_link.UnixPush`, or a ZMQ PUSH socket to a
+``tcp://`` peer), and the shared-memory relays of the stages that send
+from it. Aborts arrive on the inbox too, behind whatever the sender sent
 before them (see :mod:`omni_trio.control.aborts`). Every socket is built with
 the endpoint's :class:`~omni_trio.control.zmq_trio.SocketPolicy` (the run's
 proof on every message, the size cap), and messages go only to the run's own
@@ -51,7 +54,8 @@ from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_also, bind_pull, connect_push
+from omni_trio.control.unix_link import UnixPull, UnixPush
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer
 
@@ -114,7 +118,7 @@ class Endpoint:
         #: Sockets other components opened on the context (omni_trio/runtime/join.py): closed with the endpoint.
         self._adopted: list[TrioSocket] = []
         #: A receive socket bound already (a worker that joined over TCP, omni_trio/runtime/join.py).
-        self._pull: TrioSocket | None = pull
+        self._pull: TrioSocket | UnixPull | None = pull
         #: Peers on other hosts: their ``tcp://`` control endpoints (the others are ipc paths).
         self._tcp = dict(tcp or {})
         #: Where this process receives over TCP (None: ipc only, or set by the socket passed as ``pull``).
@@ -123,7 +127,7 @@ class Endpoint:
         #: no socket in the other's directory); those not in ``tcp`` arrive in a PeerAddresses message.
         self._tcp_peers = tcp_peers
         self._peers_known = trio.Event()
-        self._push: dict[str, TrioSocket] = {}
+        self._push: dict[str, TrioSocket | UnixPush] = {}
         self._relays: dict[str, ShmRelay] = {}
         self._allocators: dict[str, SlotAllocator] = {}
         #: Processes on other hosts (by the config's hosts): objects to them go over TCP, not shm.
@@ -187,7 +191,7 @@ class Endpoint:
         Shutdown messages still need the endpoint.
         """
         if self._pull is None:
-            self._pull = bind_pull(self._ctx, socket_path(self.ipc_dir, self.process), self.policy)
+            self._pull = UnixPull(socket_path(self.ipc_dir, self.process), self.policy)
         path = self._pull.source
         try:
             with self._serving:
@@ -203,9 +207,11 @@ class Endpoint:
 
     def listen_tcp(self, endpoint: str) -> str:
         """Receive also at the ``tcp://`` ``endpoint`` (CURVE; peers on other hosts); return where."""
-        assert self._pull is not None, "the endpoint is not serving"
-        self.tcp_endpoint = bind_also(self._ctx, self._pull, endpoint, self.policy)
-        return self.tcp_endpoint
+        sock = bind_pull(self._ctx, endpoint, self.policy)
+        self.adopt(sock)
+        self.spawn(self._dispatcher.receive_loop, sock, sock.source)
+        self.tcp_endpoint = sock.source
+        return sock.source
 
     def learn_address(self, process: str, endpoint: str) -> None:
         """``process`` (one of the run's) is reached over TCP at ``endpoint`` (a new address, after a
@@ -252,6 +258,13 @@ class Endpoint:
             sock.close()  # linger 0: what it still queued is dropped
 
     @property
+    def refused(self) -> int:
+        """Messages this process refused: without the run's proof, or in a stream that broke the
+        link's wire format (:attr:`~omni_trio.control.unix_link.UnixPull.refused_streams`)."""
+        streams = self._pull.refused_streams if isinstance(self._pull, UnixPull) else 0
+        return self.policy.auth.refused + streams
+
+    @property
     def tcp_addresses(self) -> dict[str, str]:
         """The ``tcp://`` endpoints of the peers known to be on other hosts."""
         return dict(self._tcp)
@@ -293,7 +306,7 @@ class Endpoint:
 
     # ------------------------------------------------------------------ sending
 
-    def _socket_to(self, process: str) -> TrioSocket:
+    def _socket_to(self, process: str) -> TrioSocket | UnixPush:
         sock = self._push.get(process)
         if sock is None:
             # A name from a message (a stats request's reply_to) must not open a socket per value.
@@ -303,7 +316,9 @@ class Endpoint:
             if address is None:
                 if process in self._tcp_peers:
                     raise LookupError(f"no tcp:// address of process {process!r} came in the run's PeerAddresses")
-                address = str(socket_path(self.ipc_dir, process))
+                # Same host: the Unix stream link (omni_trio/control/unix_link.py), not ZMQ.
+                sock = self._push[process] = UnixPush(socket_path(self.ipc_dir, process), self.policy)
+                return sock
             sock = self._push[process] = connect_push(self._ctx, address, self.policy)
         return sock
 

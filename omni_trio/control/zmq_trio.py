@@ -69,7 +69,6 @@ __all__ = [
     "EndpointPathTooLong",
     "SocketPolicy",
     "TrioSocket",
-    "bind_also",
     "bind_pull",
     "connect_push",
     "ipc_endpoint",
@@ -392,21 +391,6 @@ def _tcp(sock: zmq.Socket[Any], policy: SocketPolicy) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
-
-
-def bind_also(ctx: zmq.Context[Any], sock: TrioSocket, endpoint: str, policy: SocketPolicy) -> str:
-    """Bind ``sock`` (already bound at its ipc path) also at the ``tcp://`` ``endpoint``, with CURVE;
-    return where (``tcp://HOST:*`` picks a free port).
-
-    libzmq takes a listener's options when it binds, so the ipc listener bound before keeps the
-    plain mechanism its same-host peers use, and only this TCP listener requires CURVE.
-    """
-    if not endpoint.startswith("tcp://"):
-        raise ValueError(f"bind_also binds tcp:// endpoints, got {endpoint!r}")
-    _curve(policy, endpoint).serve(ctx, sock.socket)
-    _tcp(sock.socket, policy)
-    sock.socket.bind(endpoint)
-    return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 def _bind(ctx: zmq.Context[Any], kind: int, path: IpcPath, policy: SocketPolicy, hwm: int | None) -> TrioSocket:

@@ -225,8 +225,9 @@ class ProcessDirectory:
         return result
 
     def refused_frames(self) -> dict[str, int]:
-        """Per process, the messages its sockets refused for want of this run's proof (workers: as of stats())."""
-        return {MAIN_PROCESS: self._endpoint.policy.auth.refused, **self._refused}
+        """Per process, the messages its sockets refused (no proof of this run, or a broken stream; workers:
+        as of stats())."""
+        return {MAIN_PROCESS: self._endpoint.refused, **self._refused}
 
     def sent_bytes(self) -> dict[str, dict[str, int]]:
         """Tensor bytes submitted, by entry stage (or replica address) and transport."""

@@ -184,7 +184,7 @@ async def _start_stages(
             token=request.token,
             process=spec.process,
             stages={stage.address: attrs.asdict(stage.stats()) for stage in stages.values()},
-            refused_frames=endpoint.policy.auth.refused,
+            refused_frames=endpoint.refused,
         )
         await endpoint.send(request.reply_to, reply)
 

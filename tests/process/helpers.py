@@ -7,6 +7,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import trio
 
 import omni_trio as ot
 from omni_trio.control.auth import FrameMac
+from omni_trio.control.unix_link import message_head
 from omni_trio.runtime import pipeline
 
 #: Where POSIX shared-memory segments live, and the prefix of every omni-trio segment.
@@ -271,3 +273,27 @@ def stderr_to(path: Path) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(log)
+
+
+class RawPush:
+    """A peer of a process's inbox from outside the run: a plain Unix stream socket that sends frames
+    in the link's wire format as they are (no proof unless the caller seals them)."""
+
+    def __init__(self, path: Path) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(path))
+        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+    async def send_multipart(self, frames: list[bytes]) -> None:
+        """Write one message, whole (waits while the inbox's socket buffer is full)."""
+        await self.stream.send_all(message_head([len(frame) for frame in frames]) + b"".join(frames))
+
+    async def wait_disconnected(self) -> None:
+        """Return once the inbox closed this connection."""
+        with contextlib.suppress(trio.BrokenResourceError):
+            while await self.stream.receive_some(1):
+                pass
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.stream.socket.close()

@@ -18,7 +18,6 @@ import msgpack
 import pytest
 import trio
 import trio.testing
-import zmq
 
 import omni_trio as ot
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind
@@ -200,7 +199,7 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
     )
     bad = malformed_frames()
     log_path = tmp_path / "stderr.log"  # the worker's log, read while it runs (see helpers.stderr_to)
-    context = zmq.Context()
+    links: list[helpers.RawPush] = []
     try:
         with trio.fail_after(30), helpers.stderr_to(log_path):
             async with ot.open_pipeline(config) as pipeline:
@@ -208,17 +207,15 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
                 workers = helpers.worker_processes()
                 assert len(workers) == 1
                 ipc = helpers.ipc_dir(ipc_base)
-                to_worker = context.socket(zmq.PUSH)
-                to_main = context.socket(zmq.PUSH)
-                to_worker.connect(f"ipc://{ipc / 'p_b.sock'}")
-                to_main.connect(f"ipc://{ipc / 'main.sock'}")
+                to_worker, to_main = helpers.RawPush(ipc / "p_b.sock"), helpers.RawPush(ipc / "main.sock")
+                links += [to_worker, to_main]
                 prefix = helpers.run_prefix(ipc)
                 # Sealed with the run's secret: these get past the proof check, to the decoder and handlers.
                 auth = helpers.run_auth(ipc)
                 for frames in [*bad, *undeliverable_messages("b", prefix)]:
-                    to_worker.send_multipart(auth.seal(frames))
+                    await to_worker.send_multipart(auth.seal(frames))
                 for frames in [*bad, *undeliverable_messages("a", prefix)]:
-                    to_main.send_multipart(auth.seal(frames))
+                    await to_main.send_multipart(auth.seal(frames))
 
                 # The worker handles the messages of one connection in order and logs each bad one:
                 # once it logged the last one, it has handled all of them.
@@ -237,7 +234,8 @@ async def test_garbage_frames_are_dropped_and_the_pipeline_keeps_serving(
                 assert stats.idle
                 assert stats.refused_frames == {"main": 0, "p_b": 0}  # they carried the run's proof
     finally:
-        context.destroy(linger=0)
+        for link in links:
+            link.close()
 
     assert recorder.count("malformed_message_dropped", process="main") == len(bad)
     assert recorder.count("message_dropped", process="main") >= 2  # unknown stage 'nowhere', bad data_ref map

@@ -26,7 +26,6 @@ import attrs
 import pytest
 import torch
 import trio
-import zmq
 
 import omni_trio as ot
 from examples import ch6_pipeline
@@ -248,7 +247,7 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
         ot.StageConfig(name="far", process="p_far", factory_path="examples.ch6_stages.create_far", terminal=True,
                        can_accept_stream_before_payload=True),
     )
-    context = zmq.Context()
+    push: helpers.RawPush | None = None
     prefix = None
     try:
         with trio.fail_after(30):
@@ -280,21 +279,21 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
                                          DataRefKind.stage_payload, None),
                     ]
                     (worker,) = helpers.worker_processes()
-                    push = context.socket(zmq.PUSH)
-                    push.connect(f"ipc://{ipc / 'p_far.sock'}")
+                    push = helpers.RawPush(ipc / "p_far.sock")
                     # Stopped, the worker finds the whole burst queued when it resumes: one receive batch.
                     os.kill(worker, signal.SIGSTOP)
                     try:
                         auth = helpers.run_auth(ipc)  # what the upstream would have sent carries the run's proof
                         for frames in burst:
-                            push.send_multipart(auth.seal(frames))
+                            await push.send_multipart(auth.seal(frames))
                         await trio.sleep(0.2)
                     finally:
                         os.kill(worker, signal.SIGCONT)
                 await relay.aclose()
         assert result == {"far_chunks": [8, 16384], "far_sum": 4}
     finally:
-        context.destroy(linger=0)
+        if push is not None:
+            push.close()
         if prefix is not None:
             remove_segments(prefix)
 

@@ -18,7 +18,6 @@ from typing import Any
 import msgpack
 import pytest
 import trio
-import zmq
 
 import omni_trio as ot
 from omni_trio.control import messages as m
@@ -82,16 +81,6 @@ def fuzz_frames(seed: int, n: int, stage_here: str) -> list[list[bytes]]:
     return frames
 
 
-async def send_all(socket: zmq.Socket[bytes], frames: list[bytes]) -> None:
-    """Send without ever blocking the trio loop (which also runs the receiving endpoint)."""
-    while True:
-        try:
-            socket.send_multipart(frames, flags=zmq.NOBLOCK)
-            return
-        except zmq.Again:
-            await trio.sleep(0.002)
-
-
 def dropped_lines(log: str, process: str) -> int:
     return sum(1 for line in log.splitlines() if "malformed_message_dropped" in line and f"process={process}" in line)
 
@@ -107,7 +96,7 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, tmp_path
     log_path = tmp_path / "stderr.log"  # the workers' log, read while they run (see helpers.stderr_to)
     normal = 0
     background = 0
-    context = zmq.Context()
+    links: list[helpers.RawPush] = []
     started = time.monotonic()
     try:
         with trio.fail_after(60), helpers.stderr_to(log_path):
@@ -115,10 +104,8 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, tmp_path
                 assert await pipeline.submit("before", "x") == {"trail": ["x", "a", "b"]}
                 workers = helpers.worker_processes()
                 ipc = helpers.ipc_dir(ipc_base)
-                to_worker = context.socket(zmq.PUSH)
-                to_main = context.socket(zmq.PUSH)
-                to_worker.connect(f"ipc://{ipc / 'p_b.sock'}")
-                to_main.connect(f"ipc://{ipc / 'main.sock'}")
+                to_worker, to_main = helpers.RawPush(ipc / "p_b.sock"), helpers.RawPush(ipc / "main.sock")
+                links += [to_worker, to_main]
                 # Sealed with the run's secret: past the proof check, the decoder must refuse each one.
                 auth = helpers.run_auth(ipc)
                 stop = trio.Event()
@@ -134,8 +121,8 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, tmp_path
                     nursery.start_soon(keep_submitting)
                     for burst in range(0, FRAMES_PER_SOCKET, BURST):
                         for i in range(burst, burst + BURST):
-                            await send_all(to_worker, auth.seal(to_worker_frames[i]))
-                            await send_all(to_main, auth.seal(to_main_frames[i]))
+                            await to_worker.send_multipart(auth.seal(to_worker_frames[i]))
+                            await to_main.send_multipart(auth.seal(to_main_frames[i]))
                         for j in range(2):  # normal traffic between the bursts
                             rid = f"mid-{burst}-{j}"
                             assert await pipeline.submit(rid, rid) == {"trail": [rid, "a", "b"]}
@@ -152,7 +139,8 @@ async def test_fuzzed_frames_on_worker_and_main_sockets(ipc_base: Path, tmp_path
                 assert stats.idle, stats
                 assert stats.refused_frames == {"main": 0, "p_b": 0}  # they carried the run's proof
     finally:
-        context.destroy(linger=0)
+        for link in links:
+            link.close()
     elapsed = time.monotonic() - started
     log = log_path.read_text(errors="replace")  # the worker has exited: its stderr is complete
     assert dropped_lines(log, "main") == FRAMES_PER_SOCKET, "each bad frame is logged exactly once"

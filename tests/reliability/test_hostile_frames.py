@@ -14,25 +14,24 @@ hold the run's secret) can send, and what the run does with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import trio
-import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 import omni_trio as ot
 from omni_trio.comm.dataref import DataRef, DataRefKind, Layout, TransportKind
 from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import encode
-from omni_trio.control.zmq_trio import TrioSocket
 from omni_trio.payload import OmniRequest, StagePayload
 from tests.placement import stage
 from tests.process import helpers
@@ -87,11 +86,15 @@ async def _refused(pipeline: ot.Coordinator, want: dict[str, int]) -> dict[str, 
         await trio.sleep(0.01)
 
 
-def _push(context: zmq.Context[Any], path: Path) -> zmq.Socket[Any]:
-    sock = context.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"ipc://{path}")
-    return sock
+def _push(links: list[helpers.RawPush], path: Path) -> helpers.RawPush:
+    link = helpers.RawPush(path)
+    links.append(link)
+    return link
+
+
+def _close(links: list[helpers.RawPush]) -> None:
+    for link in links:
+        link.close()
 
 
 async def test_a_frame_whose_header_would_run_code_runs_nothing(ipc_base: Path) -> None:
@@ -110,18 +113,18 @@ async def test_a_frame_whose_header_would_run_code_runs_nothing(ipc_base: Path) 
                           data_ref=_inline(evil, f"evil-c{i}:result:b:coordinator:0")))
         for i in range(20)
     ]
-    context: zmq.Context[Any] = zmq.Context()
+    links: list[helpers.RawPush] = []
     try:
         with trio.fail_after(60):
             async with ot.open_pipeline(_two_stages(ipc_base)) as pipeline:
                 assert await pipeline.submit("before", "x") == {"trail": ["x", "a", "b"]}
                 pid = _worker_pid()
                 ipc = helpers.ipc_dir(ipc_base)
-                to_worker, to_main = _push(context, ipc / "p_b.sock"), _push(context, ipc / "main.sock")
+                to_worker, to_main = _push(links, ipc / "p_b.sock"), _push(links, ipc / "main.sock")
                 for frames in to_worker_frames:
-                    to_worker.send_multipart(frames)
+                    await to_worker.send_multipart(frames)
                 for frames in to_main_frames:
-                    to_main.send_multipart(frames)
+                    await to_main.send_multipart(frames)
                 counts = await _refused(pipeline, {"p_b": len(to_worker_frames), "main": len(to_main_frames)})
                 assert counts == {"main": len(to_main_frames), "p_b": len(to_worker_frames)}
                 assert not marker.exists(), "a frame from outside the run had its header unpickled"
@@ -130,7 +133,7 @@ async def test_a_frame_whose_header_would_run_code_runs_nothing(ipc_base: Path) 
                 assert _worker_pid() == pid
                 assert (await pipeline.stats()).idle
     finally:
-        context.destroy(linger=0)
+        _close(links)
     assert not marker.exists()
     print(f"\nFIGURES code_frames: sent={len(to_worker_frames) + len(to_main_frames)} "
           f"refused_worker={counts['p_b']} refused_main={counts['main']} code_ran=0")
@@ -165,7 +168,7 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
     other_base = ipc_base / "other"
     other_base.mkdir()
     rng = random.Random(12)
-    context: zmq.Context[Any] = zmq.Context()
+    links: list[helpers.RawPush] = []
     try:
         with trio.fail_after(90):
             async with (
@@ -195,11 +198,11 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
                 ]
                 worker_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_worker, ours, theirs)]
                 main_frames = [f for _ in range(ROUNDS) for f in _hostile(rng, to_main, ours, theirs)]
-                worker_sock, main_sock = _push(context, ipc / "p_b.sock"), _push(context, ipc / "main.sock")
+                worker_sock, main_sock = _push(links, ipc / "p_b.sock"), _push(links, ipc / "main.sock")
                 for frames in worker_frames:
-                    worker_sock.send_multipart(frames)
+                    await worker_sock.send_multipart(frames)
                 for frames in main_frames:
-                    main_sock.send_multipart(frames)
+                    await main_sock.send_multipart(frames)
                 counts = await _refused(pipeline, {"p_b": len(worker_frames), "main": len(main_frames)})
                 assert counts == {"main": len(main_frames), "p_b": len(worker_frames)}, counts
                 assert (await other.stats()).refused_frames == {"main": 0, "p_b": 0}
@@ -210,7 +213,7 @@ async def test_forged_garbage_and_other_runs_frames_are_refused_n_of_n(
                 stats = await pipeline.stats()
                 assert stats.idle, stats
     finally:
-        context.destroy(linger=0)
+        _close(links)
     log = capfd.readouterr().err
     # Refused before decoding: no decoder or handler ever saw one of them.
     assert "malformed_message_dropped" not in log and "message_dropped" not in log, log
@@ -230,10 +233,11 @@ def _open_files(pid: int) -> int:
 async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, tmp_path: Path) -> None:
     escapes = ["../evil", "../../evil", "/tmp/evil", "a/b", "..", "", "main/../../evil", "p_b/../main", "x" * 200]
     names = [f"probe-{i}" for i in range(300)]  # well-formed, but no process of the run
-    context: zmq.Context[Any] = zmq.Context()
-    evil = context.socket(zmq.PULL)
-    evil.setsockopt(zmq.LINGER, 0)
-    evil.bind(f"ipc://{ipc_base / 'evil.sock'}")  # where "../evil" led outside the private directory
+    links: list[helpers.RawPush] = []
+    evil = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    evil.setblocking(False)
+    evil.bind(str(ipc_base / "evil.sock"))  # where "../evil" led outside the private directory
+    evil.listen()
     log_path = tmp_path / "stderr.log"
     try:
         with trio.fail_after(60), helpers.stderr_to(log_path):
@@ -243,26 +247,27 @@ async def test_reply_to_cannot_leave_the_run_or_open_sockets(ipc_base: Path, tmp
                 ipc = helpers.ipc_dir(ipc_base)
                 auth = helpers.run_auth(ipc)
                 before = _open_files(pid)
-                sock = _push(context, ipc / "p_b.sock")
+                sock = _push(links, ipc / "p_b.sock")
                 for i, reply_to in enumerate(escapes):
                     # Sealed: even with the run's proof, the field is validated before it names a path.
                     body = msgpack.packb({"reply_to": reply_to, "token": i})
-                    sock.send_multipart(auth.seal([b"stats_request", body]))
+                    await sock.send_multipart(auth.seal([b"stats_request", body]))
                 for i, name in enumerate(names):
-                    sock.send_multipart(auth.seal(encode(m.StatsRequest(reply_to=name, token=1000 + i))))
-                    sock.send_multipart(encode(m.StatsRequest(reply_to=name, token=2000 + i)))  # no proof
+                    await sock.send_multipart(auth.seal(encode(m.StatsRequest(reply_to=name, token=1000 + i))))
+                    await sock.send_multipart(encode(m.StatsRequest(reply_to=name, token=2000 + i)))  # no proof
                 await _refused(pipeline, {"p_b": len(names)})
                 while log_path.read_text(errors="replace").count("is not a process of this run") < len(names):
                     await trio.sleep(0.01)
                 grown = _open_files(pid) - before
                 assert grown <= 4, f"the worker opened {grown} files for stats requests"
-                with pytest.raises(zmq.Again):
-                    evil.recv_multipart(zmq.NOBLOCK)
+                with pytest.raises(BlockingIOError):  # nobody connected there
+                    evil.accept()
                 assert await pipeline.submit("after", "y") == {"trail": ["y", "a", "b"]}
                 stats = await pipeline.stats()
                 assert stats.idle and stats.refused_frames["p_b"] == len(names)
     finally:
-        context.destroy(linger=0)
+        _close(links)
+        evil.close()
     log = log_path.read_text(errors="replace")
     refused_paths = [line for line in log.splitlines() if "malformed_message_dropped" in line and "reply_to" in line]
     assert len(refused_paths) == len(escapes), log
@@ -280,7 +285,7 @@ def _peak_rss_mib(pid: int) -> float:
 async def test_a_frame_over_the_size_cap_does_not_grow_the_worker(ipc_base: Path) -> None:
     cap = 1 << 20
     huge = 128 << 20
-    context: zmq.Context[Any] = zmq.Context()
+    links: list[helpers.RawPush] = []
     try:
         with trio.fail_after(60):
             async with ot.open_pipeline(_two_stages(ipc_base, max_message_bytes=cap)) as pipeline:
@@ -289,18 +294,16 @@ async def test_a_frame_over_the_size_cap_does_not_grow_the_worker(ipc_base: Path
                 ipc = helpers.ipc_dir(ipc_base)
                 auth = helpers.run_auth(ipc)
                 peak_before = _peak_rss_mib(pid)
-                for kind in range(2):  # with and without the run's proof: libzmq refuses it unread either way
-                    sock = _push(context, ipc / "p_b.sock")
-                    monitor = TrioSocket(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+                for kind in range(2):  # with and without the run's proof: refused unread either way
+                    sock = _push(links, ipc / "p_b.sock")
                     frames = [b"data_ready", b"\0" * huge]
-                    sock.send_multipart(auth.seal(frames) if kind else frames)
                     # The worker drops the connection as soon as it reads the frame's size.
-                    event = parse_monitor_message(await monitor.recv_multipart())
-                    assert event["event"] == zmq.EVENT_DISCONNECTED
-                    sock.disable_monitor()
-                    monitor.close()
-                    sock.close(linger=0)
+                    with contextlib.suppress(trio.BrokenResourceError):
+                        await sock.send_multipart(auth.seal(frames) if kind else frames)
+                    await sock.wait_disconnected()
+                    sock.close()
                     assert await pipeline.submit(f"mid-{kind}", "y") == {"trail": ["y", "a", "b"]}
+                assert (await pipeline.stats()).refused_frames["p_b"] == 2  # counted as refused
                 peak_after = _peak_rss_mib(pid)
                 assert peak_after - peak_before < 32, (peak_before, peak_after)
                 # Our own sender refuses what the receiver would: the stage fails the request, clearly.
@@ -312,6 +315,6 @@ async def test_a_frame_over_the_size_cap_does_not_grow_the_worker(ipc_base: Path
                 assert _worker_pid() == pid
                 assert (await pipeline.stats()).idle
     finally:
-        context.destroy(linger=0)
+        _close(links)
     print(f"\nFIGURES size_cap: cap_bytes={cap} frame_bytes={huge} worker_peak_rss_mib before={peak_before:.0f} "
           f"after={peak_after:.0f} sender_error={str(too_large.value)[:120]!r}")

@@ -1,0 +1,199 @@
+"""The same-host link: whole messages in order, back-pressure, cancel-safety, refusals, peers that go."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+import trio
+import trio.testing
+
+from omni_trio.control.auth import FrameMac, new_secret
+from omni_trio.control.unix_link import MAX_FRAMES, UnixPull, UnixPush, message_head
+from omni_trio.control.zmq_trio import SocketPolicy
+from omni_trio.errors import MessageTooLarge
+
+#: The sockets of a run, as the runtime builds them: every message sealed and checked.
+POLICY = SocketPolicy(FrameMac(new_secret()), 1 << 20)
+
+
+@pytest.fixture
+def inbox_path() -> Iterator[str]:
+    """Where an inbox binds, in a short private directory (pytest's tmp_path can be too long)."""
+    directory = tempfile.mkdtemp(prefix="ot-link-", dir="/tmp")
+    os.chmod(directory, 0o700)
+    yield os.path.join(directory, "inbox.sock")
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _raw(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+async def test_round_trip_of_frames_of_every_kind(inbox_path: str) -> None:
+    with trio.fail_after(10), UnixPull(inbox_path, POLICY) as pull:
+        assert stat.S_IMODE(os.stat(inbox_path).st_mode) == 0o600
+        push = UnixPush(inbox_path, POLICY)
+        await push.send_multipart([b"tag", b"body", b""])
+        assert await pull.recv_multipart() == [b"tag", b"body", b""]
+        async with trio.open_nursery() as nursery:  # more than the socket buffer: sent while received
+            nursery.start_soon(push.send_multipart, [bytearray(b"x" * 600_000), memoryview(b"y")])
+            assert await pull.recv_multipart() == [b"x" * 600_000, b"y"]
+        assert pull.recv_nowait() is None
+        push.close()
+
+
+async def test_each_senders_messages_arrive_whole_and_in_order(inbox_path: str) -> None:
+    senders, count = 4, 300
+    with trio.fail_after(20), UnixPull(inbox_path, POLICY) as pull:
+        pushes = [UnixPush(inbox_path, POLICY) for _ in range(senders)]
+
+        async def send(index: int) -> None:
+            for n in range(count):
+                # Two tasks share each link: a message is never interleaved with another's bytes.
+                await pushes[index // 2].send_multipart([f"{index}".encode(), n.to_bytes(4, "little"), b"z" * 5000])
+
+        async with trio.open_nursery() as nursery:
+            for index in range(senders * 2):
+                nursery.start_soon(send, index)
+            seen: dict[int, list[int]] = {index: [] for index in range(senders * 2)}
+            for _ in range(senders * 2 * count):
+                tag, n, body = await pull.recv_multipart()
+                assert body == b"z" * 5000
+                seen[int(tag)].append(int.from_bytes(n, "little"))
+        assert all(numbers == list(range(count)) for numbers in seen.values())
+        for push in pushes:
+            push.close()
+
+
+async def test_a_full_peer_makes_the_sender_wait_and_a_cancelled_send_loses_nothing_else(inbox_path: str) -> None:
+    with trio.fail_after(20), UnixPull(inbox_path, POLICY) as pull:
+        push = UnixPush(inbox_path, POLICY)
+        sent = 0
+        sending = trio.CancelScope()
+        received: list[int] = []
+
+        async def send_until_cancelled() -> None:
+            nonlocal sent
+            with sending:
+                while True:
+                    await push.send_multipart([b"m", sent.to_bytes(4, "little"), b"p" * 100_000])
+                    sent += 1
+            await push.send_multipart([b"m", b"last", b""])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_until_cancelled)
+            await trio.testing.wait_all_tasks_blocked()  # nobody reads: the sender waits in a send
+            assert sent > 0
+            sending.cancel()  # that send, half written or not started, is cancelled
+            while (frames := await pull.recv_multipart())[1] != b"last":
+                received.append(int.from_bytes(frames[1], "little"))
+        # The cancelled message was sent whole or not at all; each earlier one arrived, whole and once.
+        assert received in (list(range(sent)), list(range(sent + 1)))
+        push.close()
+
+
+async def test_the_sender_refuses_a_frame_over_the_cap(inbox_path: str) -> None:
+    with trio.fail_after(10), UnixPull(inbox_path, POLICY) as pull:
+        push = UnixPush(inbox_path, POLICY)
+        with pytest.raises(MessageTooLarge):
+            await push.send_multipart([b"tag", b"x" * ((1 << 20) + 1)])
+        await push.send_multipart([b"still", b"fine"])
+        assert await pull.recv_multipart() == [b"still", b"fine"]
+        push.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        message_head([10, (1 << 20) + 1]),  # a frame over the cap, refused before its bytes arrive
+        message_head([1] * (MAX_FRAMES + 1)),  # too many frames
+        b"\x02\x00\x00\x00\x07\x00\x00\x00",  # a header that is not ours
+    ],
+    ids=["frame-over-cap", "too-many-frames", "bad-header"],
+)
+async def test_a_stream_that_breaks_the_format_is_disconnected_and_counted(inbox_path: str, head: bytes) -> None:
+    with trio.fail_after(10), UnixPull(inbox_path, POLICY) as pull:
+        hostile = _raw(inbox_path)
+        hostile.sendall(head)
+        push = UnixPush(inbox_path, POLICY)
+        await push.send_multipart([b"ok"])
+        assert await pull.recv_multipart() == [b"ok"]  # the others are served meanwhile
+        await trio.lowlevel.wait_readable(hostile)
+        assert hostile.recv(1) == b""  # disconnected
+        assert pull.refused_streams == 1
+        hostile.close()
+        push.close()
+
+
+async def test_a_message_without_the_runs_proof_is_refused(inbox_path: str) -> None:
+    policy = SocketPolicy(FrameMac(new_secret()), 1 << 20)
+    with trio.fail_after(10), UnixPull(inbox_path, policy) as pull:
+        forged = _raw(inbox_path)
+        forged.sendall(message_head([3, 16]) + b"tag" + b"\0" * 16)
+        push = UnixPush(inbox_path, policy)
+        await push.send_multipart([b"genuine"])
+        assert await pull.recv_multipart() == [b"genuine"]
+        assert policy.auth.refused == 1
+        forged.close()
+        push.close()
+
+
+async def test_nobody_listening_drops_the_message_and_a_next_incarnation_gets_the_next(inbox_path: str) -> None:
+    with trio.fail_after(10):
+        push = UnixPush(inbox_path, POLICY)
+        await push.send_multipart([b"to nobody"])  # no socket file yet
+        assert push.undeliverable == 1
+        with UnixPull(inbox_path, POLICY) as first:
+            await push.send_multipart([b"one"])
+            assert await first.recv_multipart() == [b"one"]
+        assert not os.path.exists(inbox_path)  # closing removes the socket file
+        await push.send_multipart([b"to the dead one"])
+        assert push.undeliverable == 2
+        with UnixPull(inbox_path, POLICY) as second:  # a restart binds the same path
+            await push.send_multipart([b"two"])
+            assert await second.recv_multipart() == [b"two"]
+        push.close()
+
+
+async def test_a_restart_binds_over_a_dead_processes_file_which_that_process_then_leaves_alone(
+    inbox_path: str,
+) -> None:
+    with trio.fail_after(10):
+        old = UnixPull(inbox_path, POLICY)  # "dies" without closing: its file stays
+        push = UnixPush(inbox_path, POLICY)
+        await push.send_multipart([b"old"])
+        assert await old.recv_multipart() == [b"old"]
+        with UnixPull(inbox_path, POLICY) as new:
+            old.close()  # the old process's late cleanup must not remove the new one's file
+            assert os.path.exists(inbox_path)
+            await push.send_multipart([b"new"])  # the old connection broke: the link reconnects
+            assert await new.recv_multipart() == [b"new"]
+        push.close()
+
+
+async def test_close_wakes_a_pending_receive_and_later_operations_fail(inbox_path: str) -> None:
+    pull = UnixPull(inbox_path, POLICY)
+    push = UnixPush(inbox_path, POLICY)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def receive() -> None:
+                with pytest.raises(trio.ClosedResourceError):
+                    await pull.recv_multipart()
+
+            nursery.start_soon(receive)
+            await trio.testing.wait_all_tasks_blocked()
+            pull.close()
+        with pytest.raises(trio.ClosedResourceError):
+            pull.recv_nowait()
+        push.close()
+        with pytest.raises(trio.ClosedResourceError):
+            await push.send_multipart([b"x"])
