@@ -88,14 +88,36 @@ class _Connection:
         self.buffer = bytearray()
 
 
-class UnixPull:
-    """A process's inbox on this host (see the module docstring); bound at once, at ``path``."""
+class _End:
+    """What both ends of the link share: the path, the run's policy, whether it is closed."""
 
-    def __init__(self, path: IpcPath, policy: SocketPolicy) -> None:
+    def __init__(self, path: IpcPath, policy: SocketPolicy, what: str) -> None:
         self._path = _fs_path(path)
         self._auth = policy.auth
         self._max_frame = policy.max_message_bytes
         self._closed = False
+        self._what = what
+
+    @property
+    def source(self) -> str:
+        """The path of the inbox (this one, or the peer's this end sends to)."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError(f"the {self._what} was closed")
+
+
+class UnixPull(_End):
+    """A process's inbox on this host (see the module docstring); bound at once, at ``path``."""
+
+    def __init__(self, path: IpcPath, policy: SocketPolicy) -> None:
+        super().__init__(path, policy, "inbox")
         self._messages: deque[list[bytes]] = deque()
         self._connections: dict[int, _Connection] = {}
         #: Peers disconnected for breaking the wire format.
@@ -115,20 +137,6 @@ class UnixPull:
             self._listener.close()
             raise
         self._epoll.register(self._listener.fileno(), select.EPOLLIN)
-
-    @property
-    def source(self) -> str:
-        """The path the inbox is bound at."""
-        return self._path
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the inbox was closed")
 
     async def recv_multipart(self) -> list[bytes]:
         """Receive one message (its frames, the proof checked and removed).
@@ -261,29 +269,16 @@ class UnixPull:
         self.close()
 
 
-class UnixPush:
+class UnixPush(_End):
     """Sends to the :class:`UnixPull` bound at ``path`` (see the module docstring); connects at the
     first send, and again after the peer went away."""
 
     def __init__(self, path: IpcPath, policy: SocketPolicy) -> None:
-        self._path = _fs_path(path)
-        self._auth = policy.auth
-        self._max_frame = policy.max_message_bytes
+        super().__init__(path, policy, "link")
         self._sock: socket.socket | None = None
-        self._closed = False
         self._lock = trio.StrictFIFOLock()
         #: Messages dropped because nobody listened at the path.
         self.undeliverable = 0
-
-    @property
-    def source(self) -> str:
-        """The path of the peer's inbox."""
-        return self._path
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
 
     async def send_multipart(self, frames: Sequence[Frame]) -> None:
         """Send one message, whole; waits (without polling) while the peer's socket buffer is full.
@@ -311,10 +306,6 @@ class UnixPush:
             self._lock.release()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the link was closed")
 
     async def _write(self, buffers: list[memoryview]) -> bool:
         """Write one framed message (caller holds the lock); whether it yielded to the scheduler.
