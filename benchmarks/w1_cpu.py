@@ -4,7 +4,7 @@ Run: ``python benchmarks/w1_cpu.py [--inline] [--requests N]`` (from the reposit
 venv). Starts the bench's W1 pipeline (two no-op stages, each in a worker process of its own), sends
 200 warm-up requests, then ``N`` sequential ones, and prints the wall time per request next to the CPU
 time per request of the caller and of each worker (utime + stime from ``/proc/<pid>/stat``: all of a
-process's threads, ZMQ's I/O threads and the kernel's work for it included). ``--inline`` builds the
+process's threads and the kernel's work for it included). ``--inline`` builds the
 stages with ``inline=True`` (compute on the stage's loop, no scheduler thread). To see where a worker
 spends it, run a long one and attach py-spy to a worker's pid (``py-spy record --gil -p PID``).
 """

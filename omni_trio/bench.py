@@ -17,7 +17,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W8``: start-up and shutdown time of the 4-stage chain.
 - ``W9``: a chain whose middle stage holds each request 20 ms outside the GIL, 16 in flight, with that
   stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
-- ``floor``: a raw pyzmq PUSH/PULL round trip between two processes (no omni-trio).
+- ``floor``: raw round trips between two processes (no omni-trio): pyzmq PUSH/PULL over ipc, and a
+  Unix stream socket (``unix_*``, the same-host link's transport).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 - ``W1-tcp``, ``W4-tcp``, ``W5-tcp``: W1, W4 and W5 with a ``manual`` worker in a second network
   namespace, over CURVE TCP on a veth pair (:mod:`omni_trio.bench_tcp`; root and ``ip netns`` needed,

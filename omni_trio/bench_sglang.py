@@ -13,7 +13,7 @@ interpreter (``python -m omni_trio.bench_sglang NAME``, asyncio, as SGLang-Omni 
 ``PYTHONPATH`` starts with ``benchmarks/sglang_shims``: tiny modules of ours that stand in for those
 imports. Nothing of SGLang-Omni's code is copied here.
 
-``floor`` (a raw pyzmq round trip) involves no pipeline runtime, so it has no SGLang-Omni side. One
+``floor`` (raw pyzmq and Unix socket round trips) involves no pipeline runtime, so it has no SGLang-Omni side. One
 difference is forced by SGLang-Omni's API: in ``W5`` its vocoder forwards each chunk to the caller as a
 list of 8 ints, because it sends stream messages to the caller with msgpack, which refuses tensors
 (ours forwards the tensor itself); the talker-to-vocoder hop carries tensors on both.
@@ -51,7 +51,7 @@ NOTES: dict[str, str] = {
 }
 """Differences forced by SGLang-Omni's API, printed under the comparison table."""
 NOT_COMPARABLE: dict[str, str] = {
-    "floor": "a raw pyzmq round trip without any pipeline runtime: the same for both, not run for SGLang-Omni",
+    "floor": "raw pyzmq and Unix socket round trips, no pipeline runtime: the same for both, not run for SGLang-Omni",
     "W9": "stage replicas: SGLang-Omni's pipeline core has no replicas of a stage, so there is nothing to compare",
     "serve": "omni-trio's own HTTP front end (ot.serve); SGLang-Omni's server needs its model stack, not run here",
     **{

@@ -8,6 +8,7 @@ import importlib
 import math
 import multiprocessing
 import os
+import socket
 import statistics
 import tempfile
 import time
@@ -305,8 +306,43 @@ def _zmq_echo(pull_addr: str, push_addr: str, count: int) -> None:
     context.term()
 
 
+def _unix_echo(path: str, count: int) -> None:
+    """The far side of ``floor``'s Unix row: read 8 bytes, write them back, ``count`` times."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        for _ in range(count):
+            sock.sendall(sock.recv(8))
+
+
+def _unix_floor(warmup: int, count: int) -> list[float]:
+    """Round trips of 8 bytes over a plain Unix stream socket (the same-host link's transport) with a child."""
+    with tempfile.TemporaryDirectory(prefix="omnitrio-bench-") as tmp, socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(f"{tmp}/floor")
+        listener.listen()
+        echo = importlib.import_module(__name__)._unix_echo
+        child = multiprocessing.get_context("spawn").Process(target=echo, args=(f"{tmp}/floor", warmup + count))
+        child.start()
+        try:
+            sock, _ = listener.accept()
+            with sock:
+                samples = []
+                for i in range(warmup + count):
+                    started = time.perf_counter()
+                    sock.sendall(b"x" * 8)
+                    sock.recv(8)
+                    if i >= warmup:
+                        samples.append(time.perf_counter() - started)
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    return samples
+
+
 def floor_sync(q: bool) -> dict[str, float]:
-    """A raw pyzmq PUSH/PULL round trip (ipc) between this process and a child: the transport's floor."""
+    """Raw round trips between this process and a child, without omni-trio: pyzmq PUSH/PULL over ipc
+    (``p50_us``, ``p99_us``; the transport between hosts) and a Unix stream socket (``unix_*``; the
+    transport of the same-host link)."""
     import zmq
 
     warmup, count = (50, 200) if q else (500, 5000)
@@ -338,5 +374,7 @@ def floor_sync(q: bool) -> dict[str, float]:
             pull.close(linger=0)
             context.term()
     ordered = sorted(samples)
+    unix = sorted(_unix_floor(warmup, count))
     return {"p50_us": statistics.median(ordered) * 1e6, "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
+            "unix_p50_us": statistics.median(unix) * 1e6, "unix_p99_us": unix[int(0.99 * (len(unix) - 1))] * 1e6,
             "n": float(len(ordered))}
