@@ -68,6 +68,9 @@ class StageDirectory(Protocol):
     def refused_frames(self) -> dict[str, int]:
         """Per process, the messages refused for want of the run's proof (none without sockets)."""
 
+    def undeliverable(self) -> dict[str, int]:
+        """Per process, the messages dropped because nobody listened at a peer's path (none without sockets)."""
+
 
 class Coordinator:
     """Owns the live requests of one pipeline (see the module docstring)."""
@@ -283,6 +286,7 @@ class Coordinator:
             rejected_requests=self._rejected,
             down_replicas=down_replicas,
             refused_frames=self._directory.refused_frames(),
+            undeliverable=self._directory.undeliverable(),
             sent_bytes=self._directory.sent_bytes(),
         )
 

@@ -43,6 +43,9 @@ class PipelineStats:
     #: Per process, the messages its sockets refused and dropped undecoded: they lacked this run's
     #: proof (forged, garbage, from another run); empty when every stage is embedded.
     refused_frames: dict[str, int] = attrs.field(factory=dict)
+    #: Per process, the messages it dropped because nobody listened at a same-host peer's path (a
+    #: worker that died and was not restarted yet: those messages were for requests that failed with it).
+    undeliverable: dict[str, int] = attrs.field(factory=dict)
     #: Tensor bytes the coordinator sent (submitted inputs), ``{entry stage: {transport: bytes}}``, since
     #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
     sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)

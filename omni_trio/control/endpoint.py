@@ -265,6 +265,11 @@ class Endpoint:
         return self.policy.auth.refused + streams
 
     @property
+    def undeliverable(self) -> int:
+        """Messages dropped because nobody listened at a same-host peer's path (a dead worker)."""
+        return sum(sock.undeliverable for sock in self._push.values() if isinstance(sock, UnixPush))
+
+    @property
     def tcp_addresses(self) -> dict[str, str]:
         """The ``tcp://`` endpoints of the peers known to be on other hosts."""
         return dict(self._tcp)

@@ -430,12 +430,14 @@ class StatsReply(ControlMessage):
     """Worker → runner: per-stage counters (``{stage: {counter: value}}``).
 
     ``refused_frames``: messages the worker's sockets refused for want of this run's proof.
+    ``undeliverable``: messages the worker dropped because nobody listened at a peer's path.
     """
 
     token: int = attrs.field(validator=_exact(int))
     stages: dict[str, Any] = attrs.field(validator=_exact(dict))
     process: str = attrs.field(default="", validator=_exact(str))
     refused_frames: int = attrs.field(default=0, validator=_nonneg_int)
+    undeliverable: int = attrs.field(default=0, validator=_nonneg_int)
 
 
 @message("held_request")

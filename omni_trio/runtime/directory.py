@@ -69,6 +69,8 @@ class ProcessDirectory:
         self._tokens = itertools.count()
         #: Each worker's refused frames, as of its last stats reply.
         self._refused: dict[str, int] = {}
+        #: Each worker's undeliverable messages, as of its last stats reply.
+        self._undeliverable: dict[str, int] = {}
         #: Submits waiting for a restarting process, by request id: an abort releases them.
         self._held: dict[str, trio.CancelScope] = {}
         endpoint.on(m.AbortDone, self._on_abort_done)
@@ -229,6 +231,11 @@ class ProcessDirectory:
         as of stats())."""
         return {MAIN_PROCESS: self._endpoint.refused, **self._refused}
 
+    def undeliverable(self) -> dict[str, int]:
+        """Per process, the messages it dropped because nobody listened at a peer's path (workers: as of
+        stats())."""
+        return {MAIN_PROCESS: self._endpoint.undeliverable, **self._undeliverable}
+
     def sent_bytes(self) -> dict[str, dict[str, int]]:
         """Tensor bytes submitted, by entry stage (or replica address) and transport."""
         return self._endpoint.transports(COORDINATOR).sent_bytes()
@@ -237,6 +244,7 @@ class ProcessDirectory:
         replies = self._stats.get(message.token)
         if replies is not None:
             self._refused[message.process] = message.refused_frames
+            self._undeliverable[message.process] = message.undeliverable
             replies.stages.update(message.stages)
             replies.arrived(message.process)
 

@@ -81,6 +81,10 @@ class LocalDirectory:
         """No sockets, nothing to refuse."""
         return {}
 
+    def undeliverable(self) -> dict[str, int]:
+        """No sockets, nothing to drop."""
+        return {}
+
 
 @asynccontextmanager
 async def _single_errors() -> AsyncIterator[None]:

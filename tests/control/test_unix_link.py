@@ -1,4 +1,5 @@
-"""The same-host link: whole messages in order, back-pressure, cancel-safety, refusals, peers that go."""
+"""The same-host link: whole messages in order, back-pressure, cancel-safety, refusals, peers that go
+(and an endpoint's count of what it could not deliver)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import socket
 import stat
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
+from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac, new_secret
+from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.unix_link import MAX_FRAMES, UnixPull, UnixPush, message_head
 from omni_trio.control.zmq_trio import SocketPolicy
 from omni_trio.errors import MessageTooLarge
+from omni_trio.tracing import Tracer
 
 #: The sockets of a run, as the runtime builds them: every message sealed and checked.
 POLICY = SocketPolicy(FrameMac(new_secret()), 1 << 20)
@@ -197,3 +202,39 @@ async def test_close_wakes_a_pending_receive_and_later_operations_fail(inbox_pat
         push.close()
         with pytest.raises(trio.ClosedResourceError):
             await push.send_multipart([b"x"])
+
+
+async def test_an_endpoint_counts_what_it_could_not_deliver_and_reaches_a_restarted_peer() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="ot-link-", dir="/tmp"))
+    secret = new_secret()
+
+    def endpoint(process: str) -> Endpoint:
+        policy = SocketPolicy(FrameMac(secret, process=process), 1 << 20)
+        return Endpoint(process=process, ipc_dir=directory, placement={"s": "p_b"}, shm_prefix=f"ot-link-{process}",
+                        tracer=Tracer(None, process), policy=policy)
+
+    arrived: list[m.StatsRequest] = []
+
+    async def on_stats(message: m.StatsRequest) -> None:
+        arrived.append(message)
+
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                main = endpoint("main")
+                await nursery.start(main.serve)
+                await main.send("p_b", m.StatsRequest(reply_to="main", token=1))  # p_b is not there (yet)
+                assert main.undeliverable == 1
+                for token in (2, 3):  # the worker, then its restart (a new endpoint at the same path)
+                    worker = endpoint("p_b")
+                    worker.on(m.StatsRequest, on_stats)
+                    await nursery.start(worker.serve)
+                    await main.send("p_b", m.StatsRequest(reply_to="main", token=token))
+                    while len(arrived) < token - 1:
+                        await trio.sleep(0.01)
+                    worker.stop()
+                    await trio.testing.wait_all_tasks_blocked()
+                assert [message.token for message in arrived] == [2, 3] and main.undeliverable == 1
+                main.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
