@@ -12,6 +12,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -306,6 +307,18 @@ def _zmq_echo(pull_addr: str, push_addr: str, count: int) -> None:
     context.term()
 
 
+def _round_trips(warmup: int, count: int, send: Callable[[], object], receive: Callable[[], object]) -> list[float]:
+    """Seconds per ``send(); receive()`` round trip, ``count`` of them after ``warmup``."""
+    samples = []
+    for i in range(warmup + count):
+        started = time.perf_counter()
+        send()
+        receive()
+        if i >= warmup:
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
 def _unix_echo(path: str, count: int) -> None:
     """The far side of ``floor``'s Unix row: read 8 bytes, write them back, ``count`` times."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -325,13 +338,7 @@ def _unix_floor(warmup: int, count: int) -> list[float]:
         try:
             sock, _ = listener.accept()
             with sock:
-                samples = []
-                for i in range(warmup + count):
-                    started = time.perf_counter()
-                    sock.sendall(b"x" * 8)
-                    sock.recv(8)
-                    if i >= warmup:
-                        samples.append(time.perf_counter() - started)
+                samples = _round_trips(warmup, count, lambda: sock.sendall(b"x" * 8), lambda: sock.recv(8))
         finally:
             child.join(10)
             if child.is_alive():
@@ -358,14 +365,7 @@ def floor_sync(q: bool) -> dict[str, float]:
         child = multiprocessing.get_context("spawn").Process(target=echo, args=(out_addr, back_addr, warmup + count))
         child.start()
         try:
-            message = b"x" * 8
-            samples = []
-            for i in range(warmup + count):
-                started = time.perf_counter()
-                push.send(message)
-                pull.recv()
-                if i >= warmup:
-                    samples.append(time.perf_counter() - started)
+            samples = _round_trips(warmup, count, lambda: push.send(b"x" * 8), pull.recv)
         finally:
             child.join(10)
             if child.is_alive():
