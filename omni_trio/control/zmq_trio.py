@@ -23,11 +23,13 @@ concurrent receiver is serialised behind the receive lock, but message order
 between two receivers is then arbitrary). Any number of tasks may send; each
 ``send_multipart`` is atomic (libzmq delivers multipart messages whole).
 
-The runtime uses PUSH/PULL only: a PUSH socket blocks at its high-water mark
-instead of dropping (aborts included, see :mod:`omni_trio.control.aborts`),
-where a PUB socket would drop.
+The runtime uses these sockets between hosts (``tcp://``); processes of one
+host talk over :mod:`omni_trio.control.unix_link` instead, which spares each
+hop ZMQ's I/O threads. It uses PUSH/PULL only: a PUSH socket blocks at its
+high-water mark instead of dropping (aborts included, see
+:mod:`omni_trio.control.aborts`), where a PUB socket would drop.
 
-Endpoints are ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
+Endpoints may also be ``ipc://`` paths. The bound socket file is chmod'ed to 0600,
 but there is a short window after ``bind`` with the umask's mode: create
 endpoints inside a private (0700) directory. Between hosts they are
 ``tcp://HOST:PORT`` (``tcp://HOST:*`` to bind any free port; the socket's
