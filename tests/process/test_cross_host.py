@@ -253,9 +253,11 @@ async def test_worker_to_worker_edges_cross_namespaces_over_tcp(hosts: Hosts, tm
         async with in_namespace(hosts.near, _caller("chain", hosts), tmp_dir, **env) as caller:
             # Both local workers listen on TCP (they have an edge with the far worker) before it joins.
             pattern = r"tcp_listening .*endpoint=(\S+) pid=\d+ process={}$"
-            listening = {
-                process: (await caller.line("err", pattern.format(process))).group(1) for process in ("p_a", "p_b")
-            }
+            with trio.move_on_after(60) as waiting:  # ~1 s when all is well; say what the caller logged if not
+                listening = {
+                    process: (await caller.line("err", pattern.format(process))).group(1) for process in ("p_a", "p_b")
+                }
+            assert not waiting.cancelled_caught, "\n".join(caller.lines["err"][-60:])
             assert all(address.startswith(f"tcp://{hosts.near_ip}:") for address in listening.values()), listening
             # A peer with a key pair of its own is refused by the local worker's ZAP handler.
             key = (await caller.line("err", r"--key (\S+)'")).group(1)
