@@ -136,7 +136,8 @@ class UnixPull(_End):
         except BaseException:
             self._listener.close()
             raise
-        self._epoll.register(self._listener.fileno(), select.EPOLLIN)
+        self._listener_fd = self._listener.fileno()
+        self._epoll.register(self._listener_fd, select.EPOLLIN)
 
     async def recv_multipart(self) -> list[bytes]:
         """Receive one message (its frames, the proof checked and removed).
@@ -168,7 +169,7 @@ class UnixPull(_End):
     def _fill(self) -> bool:
         """Read what is readable now into whole messages; whether any message is queued."""
         for fd, _ in self._epoll.poll(0):
-            if fd == self._listener.fileno():
+            if fd == self._listener_fd:
                 self._accept()
             else:
                 self._read(self._connections[fd])
@@ -254,11 +255,6 @@ class UnixPull(_End):
         with contextlib.suppress(OSError):
             if os.stat(self._path).st_ino == self._inode:
                 os.unlink(self._path)
-
-    async def aclose(self) -> None:
-        """Async spelling of :meth:`close` (trio AsyncResource style)."""
-        self.close()
-        await trio.lowlevel.checkpoint()
 
     def __enter__(self) -> UnixPull:
         return self
@@ -387,15 +383,10 @@ class UnixPush(_End):
             self._sock.close()
             self._sock = None
 
-    def close(self, linger: int = 0) -> None:
+    def close(self) -> None:
         """Close the link (what the kernel holds already still reaches the peer). Idempotent."""
         self._closed = True
         self._disconnect()
-
-    async def aclose(self) -> None:
-        """Async spelling of :meth:`close`."""
-        self.close()
-        await trio.lowlevel.checkpoint()
 
 
 def _after(buffers: list[memoryview], sent: int) -> list[memoryview]:
