@@ -4,6 +4,7 @@ that runs real pipelines and returns its metrics (:mod:`omni_trio.bench` runs an
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import multiprocessing
@@ -12,7 +13,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -327,32 +328,36 @@ def _unix_echo(path: str, count: int) -> None:
             sock.sendall(sock.recv(8))
 
 
+@contextlib.contextmanager
+def _echo_child(echo: str, *args: object) -> Iterator[None]:
+    """Run this module's function ``echo(*args)`` in a spawned child (the far side of a floor row)."""
+    # By module path, so that the spawned child imports it even when this file runs as __main__.
+    target = getattr(importlib.import_module(__name__), echo)
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    try:
+        yield
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+
 def _unix_floor(warmup: int, count: int) -> list[float]:
     """Round trips of 8 bytes over a plain Unix stream socket (the same-host link's transport) with a child."""
     with tempfile.TemporaryDirectory(prefix="omnitrio-bench-") as tmp, socket.socket(socket.AF_UNIX) as listener:
         listener.bind(f"{tmp}/floor")
         listener.listen()
-        echo = importlib.import_module(__name__)._unix_echo
-        child = multiprocessing.get_context("spawn").Process(target=echo, args=(f"{tmp}/floor", warmup + count))
-        child.start()
-        try:
+        with _echo_child("_unix_echo", f"{tmp}/floor", warmup + count):
             sock, _ = listener.accept()
             with sock:
-                samples = _round_trips(warmup, count, lambda: sock.sendall(b"x" * 8), lambda: sock.recv(8))
-        finally:
-            child.join(10)
-            if child.is_alive():
-                child.kill()
-    return samples
+                return _round_trips(warmup, count, lambda: sock.sendall(b"x" * 8), lambda: sock.recv(8))
 
 
-def floor_sync(q: bool) -> dict[str, float]:
-    """Raw round trips between this process and a child, without omni-trio: pyzmq PUSH/PULL over ipc
-    (``p50_us``, ``p99_us``; the transport between hosts) and a Unix stream socket (``unix_*``; the
-    transport of the same-host link)."""
+def _zmq_floor(warmup: int, count: int) -> list[float]:
+    """Round trips of 8 bytes over pyzmq PUSH/PULL (ipc) with a child."""
     import zmq
 
-    warmup, count = (50, 200) if q else (500, 5000)
     with tempfile.TemporaryDirectory(prefix="omnitrio-bench-") as tmp:
         out_addr, back_addr = f"ipc://{tmp}/out", f"ipc://{tmp}/back"
         context = zmq.Context()
@@ -360,21 +365,25 @@ def floor_sync(q: bool) -> dict[str, float]:
         push.bind(out_addr)
         pull = context.socket(zmq.PULL)
         pull.bind(back_addr)
-        # By module path, so that the spawned child imports it even when this file runs as __main__.
-        echo = importlib.import_module(__name__)._zmq_echo
-        child = multiprocessing.get_context("spawn").Process(target=echo, args=(out_addr, back_addr, warmup + count))
-        child.start()
         try:
-            samples = _round_trips(warmup, count, lambda: push.send(b"x" * 8), pull.recv)
+            with _echo_child("_zmq_echo", out_addr, back_addr, warmup + count):
+                return _round_trips(warmup, count, lambda: push.send(b"x" * 8), pull.recv)
         finally:
-            child.join(10)
-            if child.is_alive():
-                child.kill()
             push.close(linger=0)
             pull.close(linger=0)
             context.term()
+
+
+def _p50_p99_us(samples: list[float], prefix: str = "") -> dict[str, float]:
     ordered = sorted(samples)
-    unix = sorted(_unix_floor(warmup, count))
-    return {"p50_us": statistics.median(ordered) * 1e6, "p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6,
-            "unix_p50_us": statistics.median(unix) * 1e6, "unix_p99_us": unix[int(0.99 * (len(unix) - 1))] * 1e6,
-            "n": float(len(ordered))}
+    return {f"{prefix}p50_us": statistics.median(ordered) * 1e6,
+            f"{prefix}p99_us": ordered[int(0.99 * (len(ordered) - 1))] * 1e6}
+
+
+def floor_sync(q: bool) -> dict[str, float]:
+    """Raw round trips between this process and a child, without omni-trio: pyzmq PUSH/PULL over ipc
+    (``p50_us``, ``p99_us``; the transport between hosts) and a Unix stream socket (``unix_*``; the
+    transport of the same-host link)."""
+    warmup, count = (50, 200) if q else (500, 5000)
+    return {**_p50_p99_us(_zmq_floor(warmup, count)), **_p50_p99_us(_unix_floor(warmup, count), "unix_"),
+            "n": float(count)}
