@@ -47,7 +47,7 @@ def _dumps(obj: Any, **_kwargs: Any) -> str:
 def get_logger(name: str) -> Any:
     """A structlog logger for diagnostics, writing to stderr at ``OMNI_TRIO_LOG_LEVEL``."""
     return structlog.wrap_logger(
-        structlog.PrintLogger(sys.stderr),
+        structlog.WriteLogger(sys.stderr),  # one write per line: workers share the stderr pipe
         wrapper_class=_FILTERING,
         processors=[
             structlog.processors.add_log_level,
