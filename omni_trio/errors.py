@@ -159,16 +159,17 @@ class RequestQueueFull(RequestFailed, QueueFullError):
 
 
 class MessageTooLarge(OmniTrioError, ValueError):
-    """A control message has a part over the run's ``endpoints.max_message_bytes``; it was not sent.
+    """A control message is over the run's ``endpoints.max_message_bytes`` (between processes of
+    one host: the whole message; over TCP: one of its parts); it was not sent.
 
-    Receivers refuse such parts (ZMQ_MAXMSGSIZE), so the sender fails the request instead.
+    Receivers refuse such messages (ZMQ_MAXMSGSIZE on TCP), so the sender fails the request instead.
     """
 
     def __init__(self, size: int, limit: int) -> None:
         self.size = size
         self.limit = limit
         super().__init__(
-            f"a control message part of {size} bytes is over the limit of {limit} bytes "
+            f"a control message (or part) of {size} bytes is over the limit of {limit} bytes "
             "(PipelineConfig.endpoints.max_message_bytes): raise the limit, or carry large data "
             "as torch tensors, which travel through shared memory"
         )

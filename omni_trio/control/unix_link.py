@@ -21,8 +21,9 @@ size cap) and the same semantics where the runtime relies on them:
   makes senders wait, as a PUSH socket waits at its high-water mark.
 
 Wire format, per message: ``<II`` (frame count, 0) then one ``<I`` length per frame, then the
-frames. A peer that breaks it (more than :data:`MAX_FRAMES` frames, a frame over the policy's
-``max_message_bytes``) is disconnected before any of its frame bytes are kept, and counted in
+frames. A message's frames together, its proof included, may hold the policy's ``max_message_bytes``
+(the sender raises MessageTooLarge for more). A peer that breaks the format (more than
+:data:`MAX_FRAMES` frames, more bytes than that) is disconnected before any of its frame bytes are kept, and counted in
 :attr:`UnixPull.refused_streams`; a message without the run's proof is counted and dropped by the
 authenticator, as on every socket.
 
@@ -94,7 +95,7 @@ class _End:
     def __init__(self, path: IpcPath, policy: SocketPolicy, what: str) -> None:
         self._path = _fs_path(path)
         self._auth = policy.auth
-        self._max_frame = policy.max_message_bytes
+        self._max_bytes = policy.max_message_bytes
         self._closed = False
         self._what = what
 
@@ -216,8 +217,8 @@ class UnixPull(_End):
                 if end - lengths_at < count * _LENGTH.size:
                     break
                 lengths = struct.unpack_from(f"<{count}I", buffer, lengths_at)
-                if lengths and max(lengths) > self._max_frame:
-                    return f"a frame of {max(lengths)} bytes (at most {self._max_frame})"
+                if sum(lengths) > self._max_bytes:
+                    return f"a message of {sum(lengths)} bytes (at most {self._max_bytes})"
                 frame_at = lengths_at + count * _LENGTH.size
                 if end - frame_at < sum(lengths):
                     break
@@ -287,9 +288,9 @@ class UnixPush(_End):
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         views = [_frame_view(frame) for frame in self._auth.seal(frames)]
-        for view in views[:-1]:
-            if view.nbytes > self._max_frame:
-                raise MessageTooLarge(view.nbytes, self._max_frame)
+        size = sum(view.nbytes for view in views)
+        if size > self._max_bytes:
+            raise MessageTooLarge(size, self._max_bytes)
         buffers: list[memoryview] = [memoryview(message_head([view.nbytes for view in views])), *views]
         if self._lock.locked():
             async with self._lock:

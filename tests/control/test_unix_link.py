@@ -105,11 +105,13 @@ async def test_a_full_peer_makes_the_sender_wait_and_a_cancelled_send_loses_noth
         push.close()
 
 
-async def test_the_sender_refuses_a_frame_over_the_cap(inbox_path: str) -> None:
+async def test_the_sender_refuses_a_message_over_the_cap(inbox_path: str) -> None:
     with trio.fail_after(10), UnixPull(inbox_path, POLICY) as pull:
         push = UnixPush(inbox_path, POLICY)
         with pytest.raises(MessageTooLarge):
             await push.send_multipart([b"tag", b"x" * ((1 << 20) + 1)])
+        with pytest.raises(MessageTooLarge):  # the frames together count, not each alone
+            await push.send_multipart([b"x" * (1 << 19), b"y" * (1 << 19)])
         await push.send_multipart([b"still", b"fine"])
         assert await pull.recv_multipart() == [b"still", b"fine"]
         push.close()
@@ -119,10 +121,11 @@ async def test_the_sender_refuses_a_frame_over_the_cap(inbox_path: str) -> None:
     "head",
     [
         message_head([10, (1 << 20) + 1]),  # a frame over the cap, refused before its bytes arrive
+        message_head([1 << 19] * 3),  # frames over the cap together
         message_head([1] * (MAX_FRAMES + 1)),  # too many frames
         b"\x02\x00\x00\x00\x07\x00\x00\x00",  # a header that is not ours
     ],
-    ids=["frame-over-cap", "too-many-frames", "bad-header"],
+    ids=["frame-over-cap", "message-over-cap", "too-many-frames", "bad-header"],
 )
 async def test_a_stream_that_breaks_the_format_is_disconnected_and_counted(inbox_path: str, head: bytes) -> None:
     with trio.fail_after(10), UnixPull(inbox_path, POLICY) as pull:
