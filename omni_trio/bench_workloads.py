@@ -42,10 +42,6 @@ async def sequential_latency(config: PipelineConfig, requests: int, warmup: int,
     return percentiles_ms(samples)
 
 
-
-
-
-
 # --------------------------------------------------------------------------- workloads
 
 
