@@ -41,6 +41,7 @@ import os
 import select
 import socket
 import struct
+import threading
 from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
@@ -266,6 +267,42 @@ class UnixPull(_End):
         self.close()
 
 
+class _OffLoopConnect:
+    """A blocking connect on a worker thread, which a cancelled sender may leave behind: then
+    whichever of the two comes last (the thread's connect returning, or the cancel) closes the
+    socket, once, and the sender's task is free at once (a peer that never accepts holds only
+    that thread)."""
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        self._sock = sock
+        self._path = path
+        self._lock = threading.Lock()
+        self._connect_over = False
+        self._abandoned = False
+
+    async def wait(self) -> None:
+        """Connect; raises what the connect raised, or Cancelled (the socket left to the thread)."""
+        try:
+            await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
+        except trio.Cancelled:
+            with self._lock:
+                self._abandoned = True
+                close = self._connect_over
+            if close:
+                self._sock.close()
+            raise
+
+    def _connect(self) -> None:
+        try:
+            self._sock.connect(self._path)
+        finally:
+            with self._lock:
+                self._connect_over = True
+                close = self._abandoned
+            if close:
+                self._sock.close()
+
+
 class UnixPush(_End):
     """Sends to the :class:`UnixPull` bound at ``path`` (see the module docstring); connects at the
     first send, and again after the peer went away."""
@@ -357,7 +394,7 @@ class UnixPush(_End):
                 # The listener's backlog is full (a Unix socket does not complete such a connect
                 # later): wait for room in a blocking connect, off the loop.
                 sock.setblocking(True)
-                await trio.to_thread.run_sync(sock.connect, self._path, abandon_on_cancel=False)
+                await _OffLoopConnect(sock, self._path).wait()
                 sock.setblocking(False)
                 yielded = True
         except OSError as exc:
@@ -365,6 +402,8 @@ class UnixPush(_End):
             if exc.errno in _ABSENT:
                 return False
             raise
+        except trio.Cancelled:
+            raise  # the socket is the abandoned connect's now (see _OffLoopConnect)
         except BaseException:
             sock.close()
             raise

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -169,6 +170,41 @@ async def test_nobody_listening_drops_the_message_and_a_next_incarnation_gets_th
             await push.send_multipart([b"two"])
             assert await second.recv_multipart() == [b"two"]
         push.close()
+
+
+async def test_a_send_to_a_peer_that_never_accepts_can_be_cancelled_and_leaks_no_socket(inbox_path: str) -> None:
+    # A listener whose backlog is full (its process is stuck): the connect waits on a thread; the
+    # sender's cancel scope frees the sender at once, and the socket is closed once the connect ends.
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.bind(inbox_path)
+    stuck.listen(0)
+    stuck.settimeout(5)  # the test's bound on the accepts below
+    queued: list[socket.socket] = []
+    with contextlib.suppress(BlockingIOError):  # until the backlog is full
+        while True:
+            waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            waiting.setblocking(False)
+            queued.append(waiting)
+            waiting.connect(inbox_path)
+    push = UnixPush(inbox_path, POLICY)
+    try:
+        with trio.fail_after(10):
+            with trio.move_on_after(0.2) as sending:
+                await push.send_multipart([b"for a stuck peer"])
+            assert sending.cancelled_caught
+            # The peer comes unstuck: its queued connection, then the abandoned connect's, which
+            # the connect's thread closed, unsent.
+            earlier = [stuck.accept()[0] for _ in queued[:-1]]
+            abandoned, _ = stuck.accept()
+            abandoned.settimeout(5)
+            assert abandoned.recv(1) == b""
+            for sock in [*earlier, abandoned]:
+                sock.close()
+    finally:
+        push.close()
+        for sock in queued:
+            sock.close()
+        stuck.close()
 
 
 async def test_a_restart_binds_over_a_dead_processes_file_which_that_process_then_leaves_alone(
