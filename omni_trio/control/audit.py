@@ -13,9 +13,7 @@ A report lists only ids held when it was made, and the coordinator checks them w
 a request admitted since can never be taken for a stale one.
 
 Event-driven and rate-limited: work arriving wants a report; under load a worker reports once per
-interval; a worker that holds nothing reports nothing and sleeps until work arrives again. Once its
-stages hold nothing (the usual end of a request) the pending look is called off
-(:meth:`HeldReporter.settle`): an idle worker does not even wake to look.
+interval; a worker that holds nothing reports nothing and sleeps until work arrives again.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ REPORT_INTERVAL_S = 2.0
 
 class HeldReporter:
     """Reports ``held()`` with ``report(ids)`` :data:`REPORT_INTERVAL_S` after it is wanted, and
-    every interval after that while ``held()`` names any request, unless :meth:`settle` called the
-    look off meanwhile."""
+    every interval after that while ``held()`` names any request."""
 
     def __init__(
         self,
@@ -43,26 +40,16 @@ class HeldReporter:
         self._report = report
         self._interval_s = interval_s
         self._wanted = trio.Event()
-        self._pending = trio.CancelScope()  # the wait for the next look
 
     def want(self) -> None:
         """Work arrived: report what is held in a while."""
         self._wanted.set()
 
-    def settle(self) -> None:
-        """Nothing is held any more: no look is due until work arrives again."""
-        if self._wanted.is_set():
-            self._wanted = trio.Event()
-        self._pending.cancel()
-
     async def run(self) -> None:
         """Report as it is wanted, until cancelled."""
         while True:
             await self._wanted.wait()
-            with trio.CancelScope() as self._pending:
-                await trio.sleep(self._interval_s)
-            if self._pending.cancelled_caught:
-                continue  # settled: everything was let go
+            await trio.sleep(self._interval_s)
             # Reset before looking: work arriving from here on wants the next report.
             self._wanted = trio.Event()
             held = self._held()
