@@ -13,11 +13,14 @@ A report lists only ids held when it was made, and the coordinator checks them w
 a request admitted since can never be taken for a stale one.
 
 Event-driven and rate-limited: work arriving wants a report; under load a worker reports once per
-interval; a worker that holds nothing reports nothing and sleeps until work arrives again.
+interval; a worker that holds nothing reports nothing and sleeps until work arrives again. Once its
+stages hold nothing (the usual end of a request) the pending look is called off
+(:meth:`HeldReporter.settle`): an idle worker does not even wake to look.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -28,7 +31,8 @@ REPORT_INTERVAL_S = 2.0
 
 class HeldReporter:
     """Reports ``held()`` with ``report(ids)`` :data:`REPORT_INTERVAL_S` after it is wanted, and
-    every interval after that while ``held()`` names any request."""
+    every interval after that while ``held()`` names any request, unless :meth:`settle` called the
+    look off meanwhile."""
 
     def __init__(
         self,
@@ -40,16 +44,28 @@ class HeldReporter:
         self._report = report
         self._interval_s = interval_s
         self._wanted = trio.Event()
+        #: The wait for the next look, while one is under way: its deadline is when to look.
+        self._pending: trio.CancelScope | None = None
 
     def want(self) -> None:
         """Work arrived: report what is held in a while."""
+        if self._pending is not None and self._pending.deadline == math.inf:
+            self._pending.deadline = trio.current_time() + self._interval_s
         self._wanted.set()
+
+    def settle(self) -> None:
+        """Nothing is held any more: no look is due until work arrives again."""
+        # Moving the deadline wakes no task (cancelling the wait would wake it, on every request).
+        if self._pending is not None:
+            self._pending.deadline = math.inf
 
     async def run(self) -> None:
         """Report as it is wanted, until cancelled."""
         while True:
             await self._wanted.wait()
-            await trio.sleep(self._interval_s)
+            with trio.CancelScope(deadline=trio.current_time() + self._interval_s) as self._pending:
+                await trio.sleep_forever()  # until the deadline, which settle() and want() move
+            self._pending = None
             # Reset before looking: work arriving from here on wants the next report.
             self._wanted = trio.Event()
             held = self._held()

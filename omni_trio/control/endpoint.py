@@ -553,6 +553,11 @@ class Endpoint:
 
         return handle
 
+    def stage_idle(self) -> None:
+        """A stage here let go of the last request it held: if none holds any, no report is due."""
+        if not any(stage.active for stage in self._stages.values()):
+            self._reporter.settle()
+
     def _held(self) -> list[str]:
         return sorted({request_id for stage in self._stages.values() for request_id in stage.active})
 

@@ -117,6 +117,7 @@ def connect_stages(
             bindings=bindings,
             transports=transports,
             allocator=endpoint.allocator(stage.address),
+            on_idle=endpoint.stage_idle,
         )
 
 

@@ -152,6 +152,7 @@ class Stage:
         self._in_flight_sends = 0
         self._relay_in_use: Callable[[], int] = lambda: 0
         self._on_retire: Callable[[str], None] | None = None
+        self._on_idle: Callable[[], None] | None = None
         self._bindings: BindingTable | None = None
         self._unhealthy: str | None = None
         self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
@@ -185,9 +186,11 @@ class Stage:
         bindings: BindingTable | None = None,
         transports: TransportLog | None = None,
         allocator: SlotAllocator | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
-        runs when the stage drops a request (abort or failure), after its own cleanup. ``bindings``
+        runs when the stage drops a request (abort or failure), after its own cleanup; ``on_idle()``
+        when it let go of the last request it held (done, failed or dropped). ``bindings``
         is the process's replica binding table: the stage holds a request's entry while it holds
         the request. ``transports`` is the log its links (and its coordinator link) note sends in,
         whose byte counts :meth:`stats` reports. ``allocator``: where ``ot.empty`` on the scheduler's
@@ -198,6 +201,7 @@ class Stage:
         if relay_in_use is not None:
             self._relay_in_use = relay_in_use
         self._on_retire = on_retire
+        self._on_idle = on_idle
         self._bindings = bindings
 
     @property
@@ -494,7 +498,10 @@ class Stage:
 
     def clear_request_state(self, request_id: str) -> None:
         """Forget a request's per-stage state (after routing, failure or abort)."""
-        self.active.discard(request_id)
+        if request_id in self.active:
+            self.active.discard(request_id)
+            if not self.active and self._on_idle is not None:
+                self._on_idle()
         self._input.cancel(request_id)
         self._stream_open.discard(request_id)
         self._chunk_ids.pop(request_id, None)

@@ -38,3 +38,39 @@ def test_reports_follow_work_and_stop_when_nothing_is_held() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_letting_go_of_everything_calls_the_pending_look_off() -> None:
+    # The usual end of a request: the worker's stages hold nothing any more, so the worker does not
+    # even wake to look (an idle pipeline uses no CPU); work arriving again wants a look as before.
+    held: list[str] = []
+    looks: list[float] = []
+    reports: list[list[str]] = []
+
+    def look() -> list[str]:
+        looks.append(trio.current_time())
+        return list(held)
+
+    async def report(ids: list[str]) -> None:
+        reports.append(ids)
+
+    async def main() -> None:
+        reporter = HeldReporter(look, report)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reporter.run)
+            held.append("r1")
+            reporter.want()
+            await trio.sleep(REPORT_INTERVAL_S / 2)
+            held.clear()  # r1 was routed on
+            reporter.settle()
+            await trio.sleep(100)
+            assert looks == []
+            start = trio.current_time()
+            held.append("r2")  # r2 arrives and stays held (over for the coordinator, say)
+            reporter.want()
+            await trio.sleep(REPORT_INTERVAL_S + 0.5)
+            assert [round(at - start, 6) for at in looks] == [REPORT_INTERVAL_S]
+            assert reports == [["r2"]]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
