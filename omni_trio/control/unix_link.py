@@ -23,9 +23,9 @@ size cap) and the same semantics where the runtime relies on them:
 Wire format, per message: ``<II`` (frame count, 0) then one ``<I`` length per frame, then the
 frames. A message's frames together, its proof included, may hold the policy's ``max_message_bytes``
 (the sender raises MessageTooLarge for more). A peer that breaks the format (more than
-:data:`MAX_FRAMES` frames, more bytes than that) is disconnected before any of its frame bytes are kept, and counted in
-:attr:`UnixPull.refused_streams`; a message without the run's proof is counted and dropped by the
-authenticator, as on every socket.
+:data:`MAX_FRAMES` frames, more bytes than that) is disconnected before any of its frame bytes are
+kept, and counted in :attr:`UnixPull.refused_streams`; a message without the run's proof is
+counted and dropped by the authenticator, as on every socket.
 
 Where ZMQ would queue a message for a peer that is not listening (a worker that died and has not
 been restarted), the link drops it and counts it (:attr:`UnixPush.undeliverable`); the next send
@@ -268,36 +268,42 @@ class UnixPull(_End):
 
 
 class _OffLoopConnect:
-    """A blocking connect on a worker thread, which a cancelled sender may leave behind: then
-    whichever of the two comes last (the thread's connect returning, or the cancel) closes the
-    socket, once, and the sender's task is free at once (a peer that never accepts holds only
-    that thread)."""
+    """A blocking connect on a worker thread, which a cancelled sender may leave behind: the socket
+    is closed exactly once, by the cancel if the connect never started or is over, else by the
+    thread when its connect returns; the sender's task is free at once (a peer that never accepts
+    holds only that thread)."""
 
     def __init__(self, sock: socket.socket, path: str) -> None:
         self._sock = sock
         self._path = path
         self._lock = threading.Lock()
-        self._connect_over = False
+        self._started = False
+        self._over = False
         self._abandoned = False
 
     async def wait(self) -> None:
-        """Connect; raises what the connect raised, or Cancelled (the socket left to the thread)."""
+        """Connect; raises what the connect raised, or Cancelled (the socket closed, now or by the thread)."""
         try:
             await trio.to_thread.run_sync(self._connect, abandon_on_cancel=True)
         except trio.Cancelled:
+            # Also before the thread ran: to_thread checks for a cancel before it starts one.
             with self._lock:
                 self._abandoned = True
-                close = self._connect_over
+                close = self._over or not self._started
             if close:
                 self._sock.close()
             raise
 
     def _connect(self) -> None:
+        with self._lock:
+            if self._abandoned:
+                return  # the cancel came first and closed the socket
+            self._started = True
         try:
             self._sock.connect(self._path)
         finally:
             with self._lock:
-                self._connect_over = True
+                self._over = True
                 close = self._abandoned
             if close:
                 self._sock.close()
@@ -403,7 +409,7 @@ class UnixPush(_End):
                 return False
             raise
         except trio.Cancelled:
-            raise  # the socket is the abandoned connect's now (see _OffLoopConnect)
+            raise  # _OffLoopConnect closes the socket (now, or its thread later)
         except BaseException:
             sock.close()
             raise

@@ -19,7 +19,7 @@ import trio.testing
 from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.unix_link import MAX_FRAMES, UnixPull, UnixPush, message_head
+from omni_trio.control.unix_link import MAX_FRAMES, UnixPull, UnixPush, _OffLoopConnect, message_head
 from omni_trio.control.zmq_trio import SocketPolicy
 from omni_trio.errors import MessageTooLarge
 from omni_trio.tracing import Tracer
@@ -205,6 +205,17 @@ async def test_a_send_to_a_peer_that_never_accepts_can_be_cancelled_and_leaks_no
         for sock in queued:
             sock.close()
         stuck.close()
+
+
+async def test_a_connect_cancelled_before_its_thread_started_closes_the_socket(inbox_path: str) -> None:
+    # to_thread looks for a cancel before it starts the thread: then nobody but the cancel can close it.
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with trio.fail_after(10):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await _OffLoopConnect(sock, inbox_path).wait()
+    assert scope.cancelled_caught
+    assert sock.fileno() == -1  # closed
 
 
 async def test_a_restart_binds_over_a_dead_processes_file_which_that_process_then_leaves_alone(
