@@ -218,10 +218,11 @@ class UnixPull(_End):
                 if end - lengths_at < count * _LENGTH.size:
                     break
                 lengths = struct.unpack_from(f"<{count}I", buffer, lengths_at)
-                if sum(lengths) > self._max_bytes:
-                    return f"a message of {sum(lengths)} bytes (at most {self._max_bytes})"
+                size = sum(lengths)
+                if size > self._max_bytes:
+                    return f"a message of {size} bytes (at most {self._max_bytes})"
                 frame_at = lengths_at + count * _LENGTH.size
-                if end - frame_at < sum(lengths):
+                if end - frame_at < size:
                     break
                 frames = []
                 for length in lengths:
@@ -331,10 +332,10 @@ class UnixPush(_End):
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         views = [_frame_view(frame) for frame in self._auth.seal(frames)]
-        size = sum(view.nbytes for view in views)
-        if size > self._max_bytes:
-            raise MessageTooLarge(size, self._max_bytes)
-        buffers: list[memoryview] = [memoryview(message_head([view.nbytes for view in views])), *views]
+        sizes = [view.nbytes for view in views]
+        if sum(sizes) > self._max_bytes:
+            raise MessageTooLarge(sum(sizes), self._max_bytes)
+        buffers: list[memoryview] = [memoryview(message_head(sizes)), *views]
         if self._lock.locked():
             async with self._lock:
                 await self._write(buffers)
