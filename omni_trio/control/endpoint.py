@@ -1,29 +1,20 @@
 """One process's end of the control and data planes.
 
-Every process of a pipeline (the caller's "main" process and each worker)
-has one :class:`Endpoint`: an inbox ``<process>.sock`` in the run's IPC
-directory that receives every control message for the process from this host
-(a :class:`~omni_trio.control.unix_link.UnixPull`; a ZMQ PULL socket on
-``tcp://`` receives from other hosts), one link per peer process (a
-:class:`~omni_trio.control.unix_link.UnixPush`, or a ZMQ PUSH socket to a
-``tcp://`` peer), and the shared-memory relays of the stages that send
-from it. Aborts arrive on the inbox too, behind whatever the sender sent
-before them (see :mod:`omni_trio.control.aborts`). Every socket is built with
-the endpoint's :class:`~omni_trio.control.zmq_trio.SocketPolicy` (the run's
-proof on every message, the size cap), and messages go only to the run's own
-processes: a name from a message never becomes a new socket path.
+Every process of a pipeline (the caller's "main" process and each worker) has one
+:class:`Endpoint`: the shared-memory relays of the stages that send from it, and parts with one job
+each, every one built with what it needs: :class:`~omni_trio.control.peers.Peers` (the process's
+inbox, a link to each peer process, where each peer is reached), a
+:class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and the handler of each message
+type), a :class:`~omni_trio.control.receiving.Receiver` (reads, ACKs and delivers what arrives for
+the stages here), :class:`~omni_trio.control.transfers.Transfers` (puts waiting for their ACK,
+credits receivers hold), a :class:`~omni_trio.control.releases.ReleaseSender` (slot releases and
+credit returns posted from any thread) and a :class:`~omni_trio.control.audit.HeldReporter` (the
+abort safety net's reports). Aborts arrive on the inbox too, behind whatever the sender sent before
+them (see :mod:`omni_trio.control.aborts`).
 
-The endpoint puts together parts with one job each, every one built with what
-it needs: a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and
-the handler of each message type), a
-:class:`~omni_trio.control.receiving.Receiver` (reads, ACKs and delivers what
-arrives for the stages here), :class:`~omni_trio.control.transfers.Transfers`
-(puts waiting for their ACK, credits receivers hold) and a
-:class:`~omni_trio.control.releases.ReleaseSender` (slot releases and credit
-returns posted from any thread). It sends what the stages'
-:mod:`omni_trio.control.links` (the edges to peers in other processes) send.
-Other components register through :meth:`Endpoint.on`, :meth:`Endpoint.host`
-and :meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
+The stages' :mod:`omni_trio.control.links` (the edges to peers in other processes) send through
+the endpoint. Other components register through :meth:`Endpoint.on`, :meth:`Endpoint.host` and
+:meth:`Endpoint.on_submit_failure`; nothing outside assigns its attributes.
 """
 
 from __future__ import annotations
@@ -49,13 +40,12 @@ from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.audit import HeldReporter
-from omni_trio.control.codec import encode
 from omni_trio.control.dispatch import Dispatcher
+from omni_trio.control.peers import Peers
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.unix_link import UnixPull, UnixPush
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import Tracer
 
@@ -66,15 +56,9 @@ __all__ = [
     "COORDINATOR",
     "Endpoint",
     "chunk_list",
-    "socket_path",
 ]
 
 M = TypeVar("M", bound=m.ControlMessage)
-
-
-def socket_path(ipc_dir: Path, process: str) -> Path:
-    """Where ``process`` receives its control messages."""
-    return ipc_dir / f"{process}.sock"
 
 
 def _elapsed_ms(start: float) -> float:
@@ -104,30 +88,27 @@ class Endpoint:
         tcp_peers: frozenset[str] = frozenset(),
     ) -> None:
         self.process = process
-        self.ipc_dir = ipc_dir
         self.placement = placement
         self.shm_prefix = shm_prefix
         self.tracer = tracer
         #: The run's proof and size cap, for every socket of this process.
         self.policy = policy
-        #: The processes of the run: the only peers a message goes to.
-        self._processes = frozenset({"main", *placement.values()})
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
-        self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
-        #: Sockets other components opened on the context (omni_trio/runtime/join.py): closed with the endpoint.
-        self._adopted: list[TrioSocket] = []
-        #: A receive socket bound already (a worker that joined over TCP, omni_trio/runtime/join.py).
-        self._pull: TrioSocket | UnixPull | None = pull
-        #: Peers on other hosts: their ``tcp://`` control endpoints (the others are ipc paths).
-        self._tcp = dict(tcp or {})
-        #: Where this process receives over TCP (None: ipc only, or set by the socket passed as ``pull``).
-        self.tcp_endpoint: str | None = None if pull is None else pull.source
-        #: Peers reached over TCP whatever their host (one of the two joined the run over TCP and has
-        #: no socket in the other's directory); those not in ``tcp`` arrive in a PeerAddresses message.
-        self._tcp_peers = tcp_peers
-        self._peers_known = trio.Event()
-        self._push: dict[str, TrioSocket | UnixPush] = {}
+        self._peers = Peers(
+            process=process,
+            ipc_dir=ipc_dir,
+            # The processes of the run: the only peers a message goes to.
+            processes=frozenset({"main", *placement.values()}),
+            policy=policy,
+            tcp=tcp,
+            context=context,
+            pull=pull,
+            tcp_peers=tcp_peers,
+        )
+        #: Send one control message to a process (:meth:`Peers.send <omni_trio.control.peers.Peers.send>`):
+        #: the part's own method, so that no call of the endpoint's stands between a link and it.
+        self.send = self._peers.send
         self._relays: dict[str, ShmRelay] = {}
         self._allocators: dict[str, SlotAllocator] = {}
         #: Processes on other hosts (by the config's hosts): objects to them go over TCP, not shm.
@@ -143,12 +124,12 @@ class Endpoint:
         self._serving = trio.CancelScope(shield=True)
         self._segments = SegmentCache()
         self._transfers = Transfers(self.fail_request, self._request_retired)
-        self._releases = ReleaseSender(process, self.send, self.spawn, lambda: self._serving.cancel_called)
+        self._releases = ReleaseSender(process, self._peers.send, self.spawn, self._closing)
         self._dispatcher = Dispatcher(process, describe_error)
         self._receiver = Receiver(
             stage=self._stage,
             process_of=self._process_of,
-            send=self.send,
+            send=self._peers.send,
             fail_request=self.fail_request,
             spawn=self.spawn,
             # Segments of this run, from any of its processes, start with this.
@@ -165,7 +146,7 @@ class Endpoint:
         self.on(m.CreditReturn, self._on_credit_return)
         self.on(m.SlotRelease, self._on_slot_release)
         self.on(m.Abort, self._on_abort)
-        self.on(m.PeerAddresses, self._on_peer_addresses)
+        self.on(m.PeerAddresses, self._peers.on_peer_addresses)
 
     # ------------------------------------------------------------------ registration
 
@@ -190,14 +171,12 @@ class Endpoint:
         Ctrl-C, a caller's cancel scope, a dead worker) its aborts and
         Shutdown messages still need the endpoint.
         """
-        if self._pull is None:
-            self._pull = UnixPull(socket_path(self.ipc_dir, self.process), self.policy)
-        path = self._pull.source
+        inbox = self._peers.open_inbox()
         try:
             with self._serving:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._dispatcher.receive_loop, self._pull, path)
+                    nursery.start_soon(self._dispatcher.receive_loop, inbox, inbox.source)
                     if self.process != "main":
                         nursery.start_soon(self._reporter.run)
                     task_status.started()
@@ -205,87 +184,12 @@ class Endpoint:
         finally:
             await self._close()
 
-    def listen_tcp(self, endpoint: str) -> str:
-        """Receive also at the ``tcp://`` ``endpoint`` (CURVE; peers on other hosts); return where."""
-        sock = bind_pull(self._ctx, endpoint, self.policy)
-        self.adopt(sock)
-        self.spawn(self._dispatcher.receive_loop, sock, sock.source)
-        self.tcp_endpoint = sock.source
-        return sock.source
-
-    def learn_address(self, process: str, endpoint: str) -> None:
-        """``process`` (one of the run's) is reached over TCP at ``endpoint`` (a new address, after a
-        restart, replaces the connection to the old one)."""
-        if process not in self._processes:
-            raise LookupError(f"{process[:80]!r} is not a process of this run")
-        if self._tcp.get(process) != endpoint:
-            # A new incarnation (it rejoined elsewhere): what is queued for the old one was for the
-            # incarnation that died, whose requests failed with it.
-            self._close_push(process)
-        self._tcp[process] = endpoint
-
-    async def _on_peer_addresses(self, message: m.PeerAddresses) -> None:
-        for process, endpoint in message.addresses.items():
-            if process in self._tcp_peers:
-                self.learn_address(process, endpoint)
-        self._peers_known.set()
-
-    def receive_also(self, endpoint: str, admit: Callable[[], bool]) -> TrioSocket:
-        """Receive also on a socket of its own bound at the ``tcp://`` ``endpoint`` (CURVE): its messages
-        are handled like the others while ``admit()`` says so; :meth:`release` closes it."""
-        sock = bind_pull(self._ctx, endpoint, self.policy)
-        self.adopt(sock)
-        self.spawn(self._dispatcher.receive_loop, sock, sock.source, admit)
-        return sock
-
-    def release(self, sock: TrioSocket) -> None:
-        """Close ``sock`` (one :meth:`adopt` took) now."""
-        if sock in self._adopted:
-            self._adopted.remove(sock)
-        sock.close()
-
-    def forget_peer(self, process: str) -> None:
-        """``process`` is gone: settle the transfers waiting for its stages' ACKs (none will come; their
-        requests fail with it) and give back the credits they held; a process on another host is
-        forgotten too (its next incarnation joins at an address of its own)."""
-        self._transfers.forget_receivers({a for a, p in self.placement.items() if p == process})
-        if self._tcp.pop(process, None) is not None:
-            self._close_push(process)
-
-    def _close_push(self, process: str) -> None:
-        sock = self._push.pop(process, None)
-        if sock is not None:
-            sock.close()  # linger 0: what it still queued is dropped
-
-    @property
-    def refused(self) -> int:
-        """Messages this process refused: without the run's proof, or in a stream that broke the
-        link's wire format (:attr:`~omni_trio.control.unix_link.UnixPull.refused_streams`)."""
-        streams = self._pull.refused_streams if isinstance(self._pull, UnixPull) else 0
-        return self.policy.auth.refused + streams
-
-    @property
-    def undeliverable(self) -> int:
-        """Messages dropped because nobody listened at a same-host peer's path (a dead worker)."""
-        return sum(sock.undeliverable for sock in self._push.values() if isinstance(sock, UnixPush))
-
-    @property
-    def tcp_addresses(self) -> dict[str, str]:
-        """The ``tcp://`` endpoints of the peers known to be on other hosts."""
-        return dict(self._tcp)
-
     def stop(self) -> None:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
         self._serving.cancel()
 
-    @property
-    def context(self) -> zmq.Context[Any]:
-        """The endpoint's ZMQ context (for sockets another component opens beside it: :meth:`adopt`)."""
-        return self._ctx
-
-    def adopt(self, sock: TrioSocket) -> None:
-        """Close ``sock`` with the endpoint."""
-        self._adopted.append(sock)
+    def _closing(self) -> bool:
+        return self._serving.cancel_called
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` as a task of the endpoint (it ends with the endpoint)."""
@@ -302,45 +206,73 @@ class Endpoint:
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
             self._releases.clear()
-            for sock in [*self._push.values(), *([self._pull] if self._pull else []), *self._adopted]:
-                sock.close()
-            self._push.clear()
-            if self.policy.curve is not None:
-                self.policy.curve.close(self._ctx)
-            self._ctx.destroy(linger=0)
+            self._peers.close()
+
+    # ------------------------------------------------------------------ sockets
+
+    def listen_tcp(self, endpoint: str) -> str:
+        """Receive also at the ``tcp://`` ``endpoint`` (CURVE; peers on other hosts); return where."""
+        sock = self._peers.listen_tcp(endpoint)
+        self.spawn(self._dispatcher.receive_loop, sock, sock.source)
+        return sock.source
+
+    def receive_also(self, endpoint: str, admit: Callable[[], bool]) -> TrioSocket:
+        """Receive also on a socket of its own bound at the ``tcp://`` ``endpoint`` (CURVE): its messages
+        are handled like the others while ``admit()`` says so; :meth:`release` closes it."""
+        sock = self._peers.bind(endpoint)
+        self.spawn(self._dispatcher.receive_loop, sock, sock.source, admit)
+        return sock
+
+    def learn_address(self, process: str, endpoint: str) -> None:
+        """``process`` (one of the run's) is reached over TCP at ``endpoint`` (a new address, after a
+        restart, replaces the connection to the old one)."""
+        self._peers.learn_address(process, endpoint)
+
+    def release(self, sock: TrioSocket) -> None:
+        """Close ``sock`` (one :meth:`adopt` took) now."""
+        self._peers.release(sock)
+
+    def adopt(self, sock: TrioSocket) -> None:
+        """Close ``sock`` with the endpoint."""
+        self._peers.adopt(sock)
+
+    def forget_peer(self, process: str) -> None:
+        """``process`` is gone: settle the transfers waiting for its stages' ACKs (none will come; their
+        requests fail with it) and give back the credits they held; a process on another host is
+        forgotten too (its next incarnation joins at an address of its own)."""
+        self._transfers.forget_receivers({a for a, p in self.placement.items() if p == process})
+        self._peers.forget(process)
+
+    @property
+    def context(self) -> zmq.Context[Any]:
+        """The endpoint's ZMQ context (for sockets another component opens beside it: :meth:`adopt`)."""
+        return self._peers.context
+
+    @property
+    def tcp_endpoint(self) -> str | None:
+        """Where this process receives over TCP (None: ipc only)."""
+        return self._peers.tcp_endpoint
+
+    @property
+    def tcp_addresses(self) -> dict[str, str]:
+        """The ``tcp://`` endpoints of the peers known to be on other hosts."""
+        return self._peers.tcp_addresses
+
+    @property
+    def refused(self) -> int:
+        """Messages this process refused (:attr:`Peers.refused <omni_trio.control.peers.Peers.refused>`)."""
+        return self._peers.refused
+
+    @property
+    def undeliverable(self) -> int:
+        """Messages dropped because nobody listened at a same-host peer's path (a dead worker)."""
+        return self._peers.undeliverable
 
     # ------------------------------------------------------------------ sending
-
-    def _socket_to(self, process: str) -> TrioSocket | UnixPush:
-        sock = self._push.get(process)
-        if sock is None:
-            # A name from a message (a stats request's reply_to) must not open a socket per value.
-            if process not in self._processes:
-                raise LookupError(f"{process[:80]!r} is not a process of this run")
-            address = self._tcp.get(process)
-            if address is None:
-                if process in self._tcp_peers:
-                    raise LookupError(f"no tcp:// address of process {process!r} came in the run's PeerAddresses")
-                # Same host: the Unix stream link (omni_trio/control/unix_link.py), not ZMQ.
-                sock = self._push[process] = UnixPush(socket_path(self.ipc_dir, process), self.policy)
-                return sock
-            sock = self._push[process] = connect_push(self._ctx, address, self.policy)
-        return sock
 
     def _process_of(self, stage: str) -> str:
         """The process ``stage`` (or the coordinator) runs in."""
         return "main" if stage == COORDINATOR else self.placement.get(stage, "main")
-
-    async def send(self, process: str, message: m.ControlMessage) -> None:
-        """Send one control message to ``process``."""
-        sock = self._push.get(process)
-        if sock is None:
-            if process in self._tcp_peers and process not in self._tcp:
-                # The runner sends the peers' addresses once every worker is ready: a message
-                # from a peer can reach us before that one does.
-                await self._peers_known.wait()
-            sock = self._socket_to(process)
-        await sock.send_multipart(encode(message))
 
     def _relay(self, sender: str) -> ShmRelay:
         relay = self._relays.get(sender)
@@ -437,7 +369,7 @@ class Endpoint:
             settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
             pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
         try:
-            await self.send(self._process_of(receiver), make(ref.to_wire()))
+            await self._peers.send(self._process_of(receiver), make(ref.to_wire()))
         except BaseException:
             # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
             if pending is not None:
@@ -542,7 +474,7 @@ class Endpoint:
         for stage in self._stages.values():
             stage.abort_requests(message.request_ids)
         if self.process != "main":
-            await self.send("main", m.AbortDone(token=message.token, process=self.process))
+            await self._peers.send("main", m.AbortDone(token=message.token, process=self.process))
 
     def _arrived(self, handler: Callable[[M], Awaitable[None]]) -> Callable[[M], Awaitable[None]]:
         """``handler``, after which the safety net reports what the stages hold (in a while)."""
@@ -563,7 +495,7 @@ class Endpoint:
 
     async def _report_held(self, held: list[str]) -> None:
         with contextlib.suppress(trio.ClosedResourceError):  # closing: nothing is held for long now
-            await self.send("main", m.HeldReport(process=self.process, request_ids=held))
+            await self._peers.send("main", m.HeldReport(process=self.process, request_ids=held))
 
     async def _on_ack(self, message: m.DataAck) -> None:
         self._transfers.on_ack(message)
