@@ -1,16 +1,17 @@
 """One process's end of the control and data planes.
 
 Every process of a pipeline (the caller's "main" process and each worker) has one
-:class:`Endpoint`: the shared-memory relays of the stages that send from it, and parts with one job
-each, every one built with what it needs: :class:`~omni_trio.control.peers.Peers` (the process's
-inbox, a link to each peer process, where each peer is reached), a
-:class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and the handler of each message
-type), a :class:`~omni_trio.control.receiving.Receiver` (reads, ACKs and delivers what arrives for
-the stages here), :class:`~omni_trio.control.transfers.Transfers` (puts waiting for their ACK,
-credits receivers hold), a :class:`~omni_trio.control.releases.ReleaseSender` (slot releases and
-credit returns posted from any thread) and a :class:`~omni_trio.control.audit.HeldReporter` (the
-abort safety net's reports). Aborts arrive on the inbox too, behind whatever the sender sent before
-them (see :mod:`omni_trio.control.aborts`).
+:class:`Endpoint`. It puts together parts with one job each, every one built with what it needs:
+:class:`~omni_trio.control.peers.Peers` (the process's inbox, a link to each peer process, where
+each peer is reached), a :class:`~omni_trio.control.dispatch.Dispatcher` (receive loops and the
+handler of each message type), a :class:`~omni_trio.control.sending.Sender` (writes what the
+stages here send to other processes: relays, slot allocators, TCP credits, transport logs), a
+:class:`~omni_trio.control.receiving.Receiver` (reads, ACKs and delivers what arrives for the stages
+here), :class:`~omni_trio.control.transfers.Transfers` (puts waiting for their ACK, credits
+receivers hold), a :class:`~omni_trio.control.releases.ReleaseSender` (slot releases and credit
+returns posted from any thread) and a :class:`~omni_trio.control.audit.HeldReporter` (the abort
+safety net's reports). Aborts arrive on the inbox too, behind whatever the sender sent before them
+(see :mod:`omni_trio.control.aborts`).
 
 The stages' :mod:`omni_trio.control.links` (the edges to peers in other processes) send through
 the endpoint. Other components register through :meth:`Endpoint.on`, :meth:`Endpoint.host` and
@@ -20,9 +21,6 @@ the endpoint. Other components register through :meth:`Endpoint.on`, :meth:`Endp
 from __future__ import annotations
 
 import contextlib
-import functools
-import itertools
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,19 +29,15 @@ import trio
 import zmq
 
 from omni_trio.comm.alloc import SlotAllocator
-from omni_trio.comm.dataref import DataRef, DataRefKind
-from omni_trio.comm.router import TransportLog, TransportLogs
-from omni_trio.comm.shm import ShmPut, ShmRelay
+from omni_trio.comm.router import TransportLog
 from omni_trio.comm.slotcache import SegmentCache
-from omni_trio.comm.slotpool import DEFAULT_POOL_BYTES
-from omni_trio.comm.tcp import TcpCredits, TcpPut
-from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control import messages as m
 from omni_trio.control.audit import HeldReporter
 from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.peers import Peers
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
+from omni_trio.control.sending import Sender
 from omni_trio.control.transfers import Transfers
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.stage.stage import describe_error
@@ -59,10 +53,6 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=m.ControlMessage)
-
-
-def _elapsed_ms(start: float) -> float:
-    return round((time.monotonic() - start) * 1000, 6)
 
 
 class Endpoint:
@@ -89,12 +79,13 @@ class Endpoint:
     ) -> None:
         self.process = process
         self.placement = placement
-        self.shm_prefix = shm_prefix
-        self.tracer = tracer
         #: The run's proof and size cap, for every socket of this process.
         self.policy = policy
         self._stages: dict[str, Stage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._serving = trio.CancelScope(shield=True)
+        self._segments = SegmentCache()
         self._peers = Peers(
             process=process,
             ipc_dir=ipc_dir,
@@ -106,31 +97,28 @@ class Endpoint:
             pull=pull,
             tcp_peers=tcp_peers,
         )
-        #: Send one control message to a process (:meth:`Peers.send <omni_trio.control.peers.Peers.send>`):
-        #: the part's own method, so that no call of the endpoint's stands between a link and it.
-        self.send = self._peers.send
-        self._relays: dict[str, ShmRelay] = {}
-        self._allocators: dict[str, SlotAllocator] = {}
-        #: Processes on other hosts (by the config's hosts): objects to them go over TCP, not shm.
-        self._far = far
-        self._tcp_credits: dict[str, TcpCredits] = {}
-        self._gpu_stages = gpu_stages
-        self._credits = credits or {}
-        self._max_transfer = max_transfer_bytes or {}
-        self._pool_bytes = pool_bytes or {}
-        self._transports = TransportLogs(tracer)
-        self._sequence = itertools.count()
-        self._nursery: trio.Nursery | None = None
-        self._serving = trio.CancelScope(shield=True)
-        self._segments = SegmentCache()
-        self._transfers = Transfers(self.fail_request, self._request_retired)
+        self._transfers = Transfers(self._fail_request, self._request_retired)
         self._releases = ReleaseSender(process, self._peers.send, self.spawn, self._closing)
         self._dispatcher = Dispatcher(process, describe_error)
+        self._sender = Sender(
+            shm_prefix=shm_prefix,
+            tracer=tracer,
+            process_of=self._process_of,
+            send=self._peers.send,
+            spawn=self.spawn,
+            transfers=self._transfers,
+            closing=self._closing,
+            credits=credits or {},
+            max_transfer_bytes=max_transfer_bytes or {},
+            pool_bytes=pool_bytes or {},
+            gpu_stages=gpu_stages,
+            far=far,
+        )
         self._receiver = Receiver(
             stage=self._stage,
             process_of=self._process_of,
             send=self._peers.send,
-            fail_request=self.fail_request,
+            fail_request=self._fail_request,
             spawn=self.spawn,
             # Segments of this run, from any of its processes, start with this.
             run_prefix=shm_prefix.rsplit("-", 1)[0],
@@ -140,11 +128,24 @@ class Endpoint:
             describe=describe_error,
         )
         self._reporter = HeldReporter(self._held, self._report_held)
+        # Every message goes through these: they are the parts' own methods, so that no call of
+        # the endpoint's stands between a link and the part.
+        #: Send one control message to a process (:meth:`Peers.send <omni_trio.control.peers.Peers.send>`).
+        self.send = self._peers.send
+        #: Write an object for a stage in another process and send its message
+        #: (:meth:`Sender.send_object <omni_trio.control.sending.Sender.send_object>`).
+        self.send_object = self._sender.send_object
+        #: Send consecutive stream chunks in few messages
+        #: (:meth:`Sender.send_chunks <omni_trio.control.sending.Sender.send_chunks>`).
+        self.send_chunks = self._sender.send_chunks
+        #: Read the object a message points to (ACKing shared memory) and deliver it in lane order
+        #: (:meth:`Receiver.receive_object <omni_trio.control.receiving.Receiver.receive_object>`).
+        self.receive_object = self._receiver.receive_object
         self.on(m.Submit, self._arrived(self._receiver.on_submit))
         self.on(m.DataReady, self._arrived(self._receiver.on_data_ready))
         self.on(m.DataAck, self._on_ack)
         self.on(m.CreditReturn, self._on_credit_return)
-        self.on(m.SlotRelease, self._on_slot_release)
+        self.on(m.SlotRelease, self._sender.on_slot_release)
         self.on(m.Abort, self._on_abort)
         self.on(m.PeerAddresses, self._peers.on_peer_addresses)
 
@@ -200,8 +201,7 @@ class Endpoint:
         # Runs while the endpoint is being cancelled: nothing here may be skipped.
         with trio.CancelScope(shield=True):
             self._transfers.close()
-            for relay in self._relays.values():
-                await relay.aclose()
+            await self._sender.aclose()
             # Views already handed out keep their mappings; releases are moot
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
@@ -268,41 +268,15 @@ class Endpoint:
         """Messages dropped because nobody listened at a same-host peer's path (a dead worker)."""
         return self._peers.undeliverable
 
-    # ------------------------------------------------------------------ sending
-
-    def _process_of(self, stage: str) -> str:
-        """The process ``stage`` (or the coordinator) runs in."""
-        return "main" if stage == COORDINATOR else self.placement.get(stage, "main")
-
-    def _relay(self, sender: str) -> ShmRelay:
-        relay = self._relays.get(sender)
-        if relay is None:
-            relay = self._relays[sender] = ShmRelay(
-                f"{self.shm_prefix}-{len(self._relays)}",
-                credits_per_target=self._credits.get(sender, 2),
-                max_transfer_bytes=self._max_transfer.get(sender, 512 << 20),
-                pool_bytes=self._pool_bytes.get(sender, DEFAULT_POOL_BYTES),
-            )
-        return relay
+    # ------------------------------------------------------------------ the stages' sending side
 
     def allocator(self, sender: str) -> SlotAllocator:
         """Where ``ot.empty`` in ``sender``'s compute takes its slots (``sender``'s relay); call on the loop."""
-        allocator = self._allocators.get(sender)
-        if allocator is None:
-            allocator = self._allocators[sender] = SlotAllocator(
-                functools.partial(self._open_relay, sender), stage=sender, tracer=self.tracer
-            )
-        return allocator
+        return self._sender.allocator(sender)
 
-    def _open_relay(self, sender: str) -> ShmRelay | None:
-        """``sender``'s relay, or None once the endpoint is stopping (its relays are closed or closing)."""
-        return None if self._serving.cancel_called else self._relay(sender)
-
-    def _tcp_credits_of(self, sender: str) -> TcpCredits:
-        credits = self._tcp_credits.get(sender)
-        if credits is None:
-            credits = self._tcp_credits[sender] = TcpCredits(self._credits.get(sender, 2))
-        return credits
+    def transports(self, sender: str) -> TransportLog:
+        """The transport log of ``sender``'s outgoing edges."""
+        return self._sender.transports(sender)
 
     def relay_in_use(self, sender: str) -> int:
         """Transfers sent by ``sender`` that wait for their ACK."""
@@ -312,153 +286,19 @@ class Endpoint:
         """``sender`` dropped ``request_id`` (abort, failure): give back the credits its receivers hold."""
         self._transfers.return_held(sender, request_id)
 
-    def transports(self, sender: str) -> TransportLog:
-        """The transport log of ``sender``'s outgoing edges."""
-        return self._transports.of(sender)
+    def _process_of(self, stage: str) -> str:
+        """The process ``stage`` (or the coordinator) runs in."""
+        return "main" if stage == COORDINATOR else self.placement.get(stage, "main")
 
-    async def send_object(
-        self,
-        obj: object,
-        *,
-        request_id: str,
-        sender: str,
-        receiver: str,
-        kind: DataRefKind,
-        direction: str,
-        make: Callable[[dict[str, Any]], m.ControlMessage],
-        chunk_ids: range | None = None,
-        inline_only: bool = False,
-    ) -> bool:
-        """Write ``obj`` for ``receiver`` (inline or shared memory) and send the message ``make(data_ref)``.
+    # ------------------------------------------------------------------ the stages here
 
-        A shared-memory transfer is tracked until its ACK; a failed or missing
-        ACK fails ``request_id`` at ``sender``. With ``inline_only`` an object
-        that would not travel inline is not sent: the result is False.
-        """
-        tracing = self.tracer.enabled
-        start = time.monotonic() if tracing else 0.0
-        object_id = f"{request_id}:{direction}:{sender}:{receiver}:{next(self._sequence)}"
-        relay = self._relay(sender)
-        gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
-        put: ShmPut | TcpPut | None = None
-        far = self._process_of(receiver) in self._far
-        if inline_only:
-            inline = encode_inline(
-                obj, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
-            )
-            if inline is None:
-                return False
-            ref = inline
-        else:
-            ref, put = await encode_object(
-                obj,
-                relay=relay,
-                sender=sender,
-                target=receiver,
-                object_id=object_id,
-                kind=kind,
-                gpu_peers=gpu_peers,
-                allocator=None if far else self._allocators.get(sender),
-                tcp=self._tcp_credits_of(sender) if far else None,
-            )
-        written = time.monotonic() if tracing else 0.0
-        self.transports(sender).note(direction, receiver, ref.transport.value, ref.tensor_bytes)
-        pending = None
-        if put is not None:
-            # Registered before sending: the ACK may arrive during the send's checkpoint.
-            settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
-            pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
-        try:
-            await self._peers.send(self._process_of(receiver), make(ref.to_wire()))
-        except BaseException:
-            # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
-            if pending is not None:
-                self._transfers.not_sent(object_id)
-            raise
-        if pending is not None:
-            self.spawn(self._transfers.watch, object_id, pending)
-        if tracing:
-            fields = {
-                "request_id": request_id,
-                "from_stage": sender,
-                "to_stage": receiver,
-                "transport": ref.transport.value,
-                "wire_bytes": ref.wire_bytes,
-                "write_ms": round((written - start) * 1000, 6),
-                "control_send_ms": _elapsed_ms(written),
-                "elapsed_ms": _elapsed_ms(start),
-            }
-            if chunk_ids is None:
-                self.tracer.event("comm_payload_send", bytes=tensor_bytes(obj), **fields)
-            else:
-                sizes = [tensor_bytes(chunk) for chunk in obj]  # type: ignore[attr-defined]  # a list of chunks
-                self.tracer.event(
-                    "comm_stream_send",
-                    chunk_id=chunk_ids.start,
-                    chunk_count=len(chunk_ids),
-                    bytes=sum(sizes),
-                    chunk_bytes=sizes,
-                    **fields,
-                )
-        return True
-
-    async def send_chunks(
-        self,
-        chunks: list[Any],
-        first_id: int,
-        *,
-        request_id: str,
-        sender: str,
-        receiver: str,
-        make: Callable[[dict[str, Any], int, int], m.ControlMessage],
-    ) -> None:
-        """Send consecutive stream chunks ``first_id, ...`` in few messages, each ``make(data_ref, first, count)``.
-
-        Small chunks travel together, up to
-        :data:`~omni_trio.control.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
-        message; a group too big to go inline is halved until it does, down to
-        single chunks that go by their own transport (so a chunk that needs shared
-        memory travels alone, as it would without its neighbours).
-        """
-
-        async def send(group: list[Any], group_first: int, inline_only: bool) -> bool:
-            return await self.send_object(
-                group,
-                request_id=request_id,
-                sender=sender,
-                receiver=receiver,
-                kind=DataRefKind.stream_chunk,
-                direction="stream",
-                chunk_ids=range(group_first, group_first + len(group)),
-                inline_only=inline_only,
-                make=lambda ref: make(ref, group_first, len(group)),
-            )
-
-        for start in range(0, len(chunks), m.MAX_CHUNKS_PER_MESSAGE):
-            await _send_group(chunks[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
-
-    async def fail_request(self, sender: str, request_id: str, error: str) -> None:
+    async def _fail_request(self, sender: str, request_id: str, error: str) -> None:
         """Fail ``request_id`` on behalf of a stage (or the coordinator) of this process."""
         stage = self._stages.get(sender)
         if stage is not None:
             await stage.send_failure(request_id, error)
         elif sender == COORDINATOR and self._fail_submitted is not None:
             self._fail_submitted(request_id, error)
-
-    # ------------------------------------------------------------------ receiving
-
-    async def receive_object(
-        self,
-        ref: DataRef,
-        request_id: str,
-        sender: str,
-        receiver: str,
-        deliver: Callable[[Any], Awaitable[None]],
-        *,
-        chunk_ids: range | None = None,
-    ) -> None:
-        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order."""
-        await self._receiver.receive_object(ref, request_id, sender, receiver, deliver, chunk_ids=chunk_ids)
 
     def _stage(self, name: str) -> Stage:
         stage = self._stages.get(name)
@@ -502,17 +342,3 @@ class Endpoint:
 
     async def _on_credit_return(self, message: m.CreditReturn) -> None:
         self._transfers.on_credit_return(message)
-
-    async def _on_slot_release(self, message: m.SlotRelease) -> None:
-        relay = self._relays.get(message.to_stage)
-        if relay is not None:
-            relay.release(message.shm_name, message.lease, message.from_stage)
-
-
-async def _send_group(group: list[Any], first_id: int, send: Callable[[list[Any], int, bool], Awaitable[bool]]) -> None:
-    if len(group) == 1:
-        await send(group, first_id, False)
-    elif not await send(group, first_id, True):
-        half = len(group) // 2
-        await _send_group(group[:half], first_id, send)
-        await _send_group(group[half:], first_id + half, send)
