@@ -63,7 +63,7 @@ from omni_trio.scheduling import (
 from omni_trio.serve import ServeAdapter, ServerAddress, serve
 from omni_trio.sessions import Session
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
-from omni_trio.stage.stage import StageStats
+from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import read_trace
 
 __all__ = [

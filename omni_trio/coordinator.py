@@ -30,6 +30,7 @@ from omni_trio.errors import (
     RequestFailed,
     RequestQueueFull,
     RequestTimeout,
+    describe_error,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.hooks import import_string
@@ -40,7 +41,7 @@ from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.request_stream import RequestStream
 from omni_trio.scheduling.session import SessionOperation
 from omni_trio.sessions import Session, session_targets
-from omni_trio.stage.stage import StageStats, describe_error
+from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)

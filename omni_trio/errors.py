@@ -1,4 +1,4 @@
-"""Exceptions that omni-trio raises to its callers."""
+"""Exceptions that omni-trio raises to its callers, and the words a failure is reported in."""
 
 from __future__ import annotations
 
@@ -125,6 +125,13 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {-returncode}"
         return f"was killed by {name}"
     return f"exited with code {returncode}"
+
+
+def describe_error(error: object) -> str:
+    """The text a failure carries: ``Type: message`` for exceptions."""
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return str(error)
 
 
 class DuplicateRequestId(OmniTrioError, ValueError):

@@ -6,7 +6,7 @@ import attrs
 
 from omni_trio.comm.router import COORDINATOR
 from omni_trio.stage.replicas import logical_name
-from omni_trio.stage.stage import StageStats
+from omni_trio.stage.stats import StageStats
 
 __all__ = ["PipelineHealth", "PipelineStats"]
 

@@ -95,7 +95,7 @@ def busy_counters(stats: PipelineStats) -> list[str]:
     """The non-zero counters of ``stats`` as ``"name=value"`` (empty when ``stats.idle``)."""
     import attrs
 
-    from omni_trio.stage.stage import CUMULATIVE
+    from omni_trio.stage.stats import CUMULATIVE
 
     busy = [f"live_requests={stats.live_requests}"] if stats.live_requests else []
     for stage_name, stage in sorted(stats.stages.items()):

@@ -21,12 +21,12 @@ from omni_trio.control.curve import Curve, CurveKeys
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.errors import StageStartupError
+from omni_trio.errors import StageStartupError, describe_error
 from omni_trio.hooks import import_string
 from omni_trio.processes import host_of, joins
 from omni_trio.stage.links import CoordinatorLink, LocalStageLink, StageLink
 from omni_trio.stage.replicas import BindingTable, ReplicaLink, addressed_placement, addresses_of
-from omni_trio.stage.stage import Stage, describe_error
+from omni_trio.stage.stage import Stage
 from omni_trio.tracing import Tracer
 
 

@@ -28,7 +28,7 @@ from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
 from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
-from omni_trio.stage.stage import StageStats
+from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import get_logger
 
 if TYPE_CHECKING:

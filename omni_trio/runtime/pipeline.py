@@ -38,7 +38,8 @@ from omni_trio.runtime.sigterm import cancel_on_sigterm
 from omni_trio.runtime.supervisor import Supervisor, Worker
 from omni_trio.stage.links import LocalCoordinatorLink
 from omni_trio.stage.replicas import BindingTable, worker_processes
-from omni_trio.stage.stage import Stage, StageStats
+from omni_trio.stage.stage import Stage
+from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import Tracer, get_logger, trace_path_from_env
 
 log = get_logger(__name__)

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from omni_trio.config import ServeConfig
 from omni_trio.coordinator import Coordinator
-from omni_trio.errors import OmniTrioError
+from omni_trio.errors import OmniTrioError, describe_error
 from omni_trio.serve.adapter import Completion, PipelineInput, ServeAdapter
 from omni_trio.serve.answers import (
     Answer,
@@ -43,7 +43,6 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
-from omni_trio.stage.stage import describe_error
 from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)

@@ -1,10 +1,11 @@
 """The stage: an IO shell around one scheduler, run as a trio nursery.
 
 A stage receives work (a submit, upstream payloads, stream chunks and
-signals), feeds its scheduler's inbox, drains the scheduler's outbox and
-routes each output: stream chunks to stream targets, results to the next
-stages or to the coordinator. It never branches on the scheduler's type and
-never knows whether a peer is in its own process (see :mod:`.links`).
+signals), feeds its scheduler's inbox, and drains the scheduler's outbox into
+its outbound side (:mod:`.outbound`), which routes each output: stream chunks
+to stream targets, results to the next stages or to the coordinator. It never
+branches on the scheduler's type and never knows whether a peer is in its own
+process (see :mod:`.links`).
 
 Failure isolation: an exception in user code or in routing fails the one
 request it belongs to (a failure ``Complete`` to the coordinator, which
@@ -13,21 +14,18 @@ aborts the request everywhere); the stage keeps serving.
 
 from __future__ import annotations
 
-import functools
-import itertools
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-import attrs
 import trio
 
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig
-from omni_trio.errors import StageStartupError
+from omni_trio.errors import StageStartupError, describe_error
 from omni_trio.hooks import import_string
 from omni_trio.idset import BoundedIdSet
-from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
+from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
@@ -39,70 +37,18 @@ from omni_trio.stage.edges import EdgeQueues, edge_count
 from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
+from omni_trio.stage.outbound import Outbound
 from omni_trio.stage.replicas import BindingTable, replica_name
-from omni_trio.stage.routing import CompiledRouting, compile_routing, is_isolated_projection
+from omni_trio.stage.routing import CompiledRouting, compile_routing
 from omni_trio.stage.scopes import RequestScopes
 from omni_trio.stage.sessions import check_append_route, session_operation
+from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
 
 #: How long a stopping stage waits for its scheduler thread, then for its drain.
 STOP_GRACE_S = 5.0
-
-
-#: ``attrs`` metadata key of the :class:`StageStats` fields that are running totals, not held state.
-CUMULATIVE = "cumulative"
-
-
-@attrs.frozen
-class StageStats:
-    """Counters of one stage; the held-state ones are all zero when no request is in flight.
-
-    ``busy_seconds`` and ``sent_bytes`` are running totals since the stage
-    started (a restarted worker's stages start again from zero); see
-    docs/serving.md for what they count.
-    """
-
-    active_requests: int
-    pending_fan_in: int
-    request_scopes: int
-    in_flight_sends: int
-    relay_buffers: int
-    queued_inbox: int
-    healthy: bool = True
-    #: Compute-seconds the scheduler spent in user compute (0 for a scheduler without a :class:`BusyTime`).
-    busy_seconds: float = attrs.field(default=0.0, metadata={CUMULATIVE: True})
-    #: Tensor bytes sent, ``{receiver: {transport: bytes}}``; the receiver is a stage, a replica's
-    #: address (``voc@r1``) or ``"coordinator"`` (the caller); transports as in the trace.
-    sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False, metadata={CUMULATIVE: True})
-    #: The stage's process is being restarted: it holds nothing now, and will serve again.
-    restarting: bool = False
-    #: Computes still running for requests nobody waits for (aborted or failed more than
-    #: :data:`~omni_trio.stage.abandoned.STUCK_AFTER_S` ago): request id -> seconds since it was dropped.
-    stuck: dict[str, float] = attrs.field(factory=dict)
-
-    @property
-    def idle(self) -> bool:
-        """True when nothing about any request is held, no compute runs for a dropped request,
-        and the stage is not being restarted."""
-        return not (
-            self.active_requests
-            or self.pending_fan_in
-            or self.request_scopes
-            or self.in_flight_sends
-            or self.relay_buffers
-            or self.queued_inbox
-            or self.stuck
-            or self.restarting
-        )
-
-
-def describe_error(error: object) -> str:
-    """The text a failure carries: ``Type: message`` for exceptions."""
-    if isinstance(error, BaseException):
-        return f"{type(error).__name__}: {error}"
-    return str(error)
 
 
 class Stage:
@@ -136,10 +82,7 @@ class Stage:
         self._coordinator = coordinator
         self._routing: CompiledRouting = compile_routing(config)
         self._input: InputHandler = self._build_input(config)
-        self._links: dict[str, StageLink] = {}
         self._enqueue: Callable[[IncomingMessage], None] = getattr(scheduler, "enqueue", scheduler.inbox.put)
-        self._claim = getattr(scheduler, "claim_result", None)
-        self._release = getattr(scheduler, "release_result", None)
         busy = getattr(scheduler, "busy", None)
         self._busy: BusyTime | None = busy if isinstance(busy, BusyTime) else None
         self._transports: TransportLog | None = None
@@ -147,9 +90,7 @@ class Stage:
         self.active: set[str] = set()
         self.aborted = BoundedIdSet()
         self._stream_open: set[str] = set()
-        self._chunk_ids: dict[str, dict[str, int]] = {}
         self._scopes = RequestScopes()
-        self._in_flight_sends = 0
         self._relay_in_use: Callable[[], int] = lambda: 0
         self._on_retire: Callable[[str], None] | None = None
         self._on_idle: Callable[[], None] | None = None
@@ -157,8 +98,21 @@ class Stage:
         self._unhealthy: str | None = None
         self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
         self._nursery: trio.Nursery | None = None
-        #: One send lane per destination, for a stage with more than one (see :mod:`.edges`).
-        self._edges: EdgeQueues | None = None
+        self._outbound = Outbound(
+            self.name,
+            self._routing,
+            coordinator,
+            tracer,
+            self._scopes,
+            active=self.active,
+            aborted=self.aborted,
+            hold=self._hold,
+            let_go=self._let_go,
+            clear=self.clear_request_state,
+            fail=self.send_failure,
+            claim=getattr(scheduler, "claim_result", None),
+            release=getattr(scheduler, "release_result", None),
+        )
 
         self._stop_requested = trio.Event()
         self._drain_done = trio.Event()
@@ -195,7 +149,7 @@ class Stage:
         the request. ``transports`` is the log its links (and its coordinator link) note sends in,
         whose byte counts :meth:`stats` reports. ``allocator``: where ``ot.empty`` on the scheduler's
         threads takes its slots."""
-        self._links = dict(links)
+        self._outbound.connect(links)
         self._transports = transports
         self._allocator = allocator
         if relay_in_use is not None:
@@ -246,7 +200,7 @@ class Stage:
     async def _serve(self, nursery: trio.Nursery, source: OutboxSource, task_status: trio.TaskStatus[None]) -> None:
         """The stage's tasks in ``nursery``: ready, then serving until :meth:`stop`, then shut down."""
         if edge_count(self.config) > 1:
-            self._edges = EdgeQueues(nursery)
+            self._outbound.use_lanes(EdgeQueues(nursery))
         attach_loop = getattr(self.scheduler, "attach_loop", None)
         if attach_loop is not None:
             # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py); its
@@ -427,7 +381,7 @@ class Stage:
             )
             if following is not None:
                 with self._scopes.open(request_id):
-                    await self._send_to_stage(request_id, following, payload, single=False)
+                    await self._outbound.send_payload(request_id, following, payload, single=False)
         except Exception as exc:  # noqa: BLE001 - a bad route or transport fails only this request
             await self.send_failure(request_id, f"forwarding the session append: {describe_error(exc)}")
             return False
@@ -504,7 +458,7 @@ class Stage:
                 self._on_idle()
         self._input.cancel(request_id)
         self._stream_open.discard(request_id)
-        self._chunk_ids.pop(request_id, None)
+        self._outbound.forget(request_id)
 
     async def send_failure(self, request_id: str, error: str) -> None:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
@@ -525,7 +479,7 @@ class Stage:
             active_requests=len(self.active),
             pending_fan_in=self._input.pending_count(),
             request_scopes=len(self._scopes),
-            in_flight_sends=self._in_flight_sends + (0 if self._edges is None else self._edges.queued),
+            in_flight_sends=self._outbound.in_flight,
             relay_buffers=self._relay_in_use(),
             queued_inbox=queued_work(self.scheduler.inbox),
             healthy=self._unhealthy is None and not stuck,
@@ -541,286 +495,9 @@ class Stage:
             while True:
                 # No local keeps the batch alive while the next one is awaited: what was sent (an
                 # ot.empty tensor's slot, for one) is freed as soon as it is sent.
-                if await self._handle_batch(await source.next_batch()):
+                if await self._outbound.handle_batch(await source.next_batch()):
                     return
                 # Let co-located stages run between batches (SPEC §3.4).
                 await trio.lowlevel.checkpoint()
         finally:
             self._drain_done.set()
-
-    async def _handle_batch(self, batch: list[OutgoingMessage]) -> bool:
-        """Route one batch; return True when the stop sentinel was reached."""
-        run: list[tuple[OutgoingMessage, tuple[str, ...]]] = []
-        for out in batch:
-            if out.type == "stream" and (targets := self._stream_targets(out)) is not None:
-                run.append((out, targets))
-                continue
-            if run:
-                await self._route_stream_run(run)
-                run = []
-            if out.type == "wakeup":
-                if self._edges is not None:
-                    await self._edges.flush()
-                return True
-            if out.type == "result" and self._edges is not None:
-                # Routed by its own task, each send on its lane: not in the drain's way.
-                await self._edges.route(functools.partial(self._handle_outgoing, out))
-                continue
-            await self._handle_outgoing(out)
-        if run:
-            await self._route_stream_run(run)
-        return False
-
-    async def _handle_outgoing(self, out: OutgoingMessage) -> None:
-        request_id = out.request_id
-        if out.type == "admitted":
-            if request_id not in self.aborted:
-                self._hold(request_id)
-            return
-        if request_id not in self.active:
-            # Late output of an aborted or finished request is dropped here.
-            if out.type == "result" and self._release is not None:
-                self._release(out.data, delivered=False)
-            return
-        if out.type == "result":
-            try:
-                await self._route_result(request_id, out.data)
-            except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
-                await self.send_failure(request_id, f"routing the result: {describe_error(exc)}")
-        elif out.type == "stream":
-            # Only chunks with nowhere to go get here (see _stream_targets).
-            await self.send_failure(
-                request_id,
-                "the scheduler emitted an untargeted stream chunk, but this stage has no stream_to "
-                "and is not terminal; set stream_to or OutgoingMessage.target",
-            )
-        elif out.type == "error":
-            await self.send_failure(request_id, describe_error(out.data))
-        elif out.type == "kv_transfer":
-            await self.send_failure(request_id, "kv_transfer unsupported: omni-trio does not move KV pages")
-
-    async def _guarded(self, request_id: str, what: str, work: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Run one request's routing work in its cancel scope; errors fail only that request."""
-        try:
-            with self._scopes.open(request_id):
-                await work(*args)
-        except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
-            await self.send_failure(request_id, f"{what}: {describe_error(exc)}")
-
-    def _stream_targets(self, out: OutgoingMessage) -> tuple[str, ...] | None:
-        """Where a stream chunk goes: its target, else every ``stream_to`` stage, else (a terminal
-        stage) the caller, spelled ``()``; None when it has nowhere to go."""
-        if out.target is not None:
-            return (out.target,)
-        if self._routing.stream_to:
-            return tuple(self._routing.stream_to)
-        return () if self._routing.terminal else None
-
-    async def _route_stream_run(self, run: list[tuple[OutgoingMessage, tuple[str, ...]]]) -> None:
-        """Send chunks in order, one call per consecutive group of one request and one destination."""
-        for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
-            if rid in self.active:
-                group = [out for out, _ in members]
-                if self._edges is None:
-                    await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
-                    continue
-                for target in targets or (_CALLER,):
-                    lane_targets = () if target == _CALLER else (target,)
-                    work = functools.partial(self._lane_send, rid, lane_targets, group)
-                    await self._edges.send(target, len(group), work)
-
-    async def _lane_send(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
-        """One lane's turn: send the group unless the request was dropped while it waited."""
-        if request_id in self.active:
-            send = self._send_stream_group
-            await self._guarded(request_id, "sending a stream chunk", send, request_id, targets, group)
-
-    async def _on_edge(self, destination: str, request_id: str, send: Callable[[], Awaitable[None]]) -> None:
-        """Send a result's message to ``destination``: on its lane (after that edge's earlier sends)
-        when the stage has lanes, else at once."""
-        if self._edges is None:
-            await send()
-        else:
-            await self._edges.call(destination, self._in_turn(request_id, send))
-
-    def _in_turn(self, request_id: str, send: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-        """``send`` as a lane runs it: in the request's scope, and not at all once the request was dropped."""
-
-        async def in_turn() -> None:
-            if request_id not in self.aborted:
-                with self._scopes.open(request_id):
-                    await send()
-
-        return in_turn
-
-    async def _send_stream_group(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
-        if not targets:
-            await self._stream_to_caller(group)
-        elif len(targets) == 1:
-            await self._send_stream(request_id, targets[0], group)
-        else:
-            async with trio.open_nursery() as nursery:
-                for target in targets:
-                    nursery.start_soon(self._send_stream, request_id, target, group)
-
-    async def _stream_to_caller(self, messages: list[OutgoingMessage]) -> None:
-        """Send one request's chunks to the caller, a call per consecutive run of one modality."""
-        request_id = messages[0].request_id
-        ids = self._chunk_ids.setdefault(request_id, {})
-        for modality, members in itertools.groupby(messages, key=_modality):
-            chunks = [out.data for out in members]
-            first_id = ids.get("coordinator", 0)
-            ids["coordinator"] = first_id + len(chunks)
-            await self._coordinator.stream(request_id, self.name, chunks, first_id, modality)
-
-    async def _send_stream(self, request_id: str, target: str, messages: list[OutgoingMessage]) -> None:
-        link = self._link(target)
-        ids = self._chunk_ids.setdefault(request_id, {})
-        first_id = ids.get(target, 0)
-        ids[target] = first_id + len(messages)
-        items = [
-            StreamItem(first_id + i, out.data, self.name, out.metadata) for i, out in enumerate(messages)
-        ]
-        await self._counted(link.stream_chunks(request_id, self.name, items))
-
-    async def _counted(self, send: Awaitable[None]) -> None:
-        self._in_flight_sends += 1
-        try:
-            await send
-        finally:
-            self._in_flight_sends -= 1
-
-    def _link(self, target: str) -> StageLink:
-        link = self._links.get(target)
-        if link is None:
-            raise LookupError(f"no route from stage {self.name!r} to unknown stage {target!r}")
-        return link
-
-    # ------------------------------------------------------------------ route_result
-
-    async def _route_result(self, request_id: str, result: Any) -> None:
-        operation = session_operation(result)
-        if operation is not None:
-            await self._route_session(request_id, result, operation)
-            return
-        next_stages = self._routing.get_next(request_id, result)
-        if self._claim is not None and not self._claim(result, terminal=next_stages is None):
-            return
-        delivered = False
-        try:
-            with self._scopes.open(request_id):
-                await self._dispatch_result(request_id, result, next_stages)
-            if next_stages is None and request_id not in self.aborted:
-                # Sent after the request's state here is cleared and its scope closed:
-                # once the caller has the result, this stage holds nothing of it.
-                data = result.data if isinstance(result, StagePayload) else result
-                if self._edges is not None:
-                    await self._edges.reached(_CALLER)  # after the request's chunks to the caller
-                await self._coordinator.complete(request_id, self.name, result=data)
-            delivered = True
-        finally:
-            if self._release is not None:
-                self._release(result, delivered=delivered)
-
-    async def _route_session(self, request_id: str, result: StagePayload, operation: SessionOperation) -> None:
-        """Complete a session operation here, or (a middle owner's append) end its stream to the next owner."""
-        following = None
-        if operation.op == "append":
-            next_stages = self._routing.get_next(request_id, result)
-            following = check_append_route(operation, self.name, self._routing.stream_to, next_stages)
-        if following is not None:
-            # The next owner has the append since admission: it only needs to hear the stream ended.
-            with self._scopes.open(request_id):
-                await self._on_edge(following, request_id, functools.partial(self._signal_done, following, request_id))
-            self.clear_request_state(request_id)
-            return
-        self.clear_request_state(request_id)
-        if request_id not in self.aborted:
-            if self._edges is not None:
-                await self._edges.reached(_CALLER)  # after the request's chunks to the caller
-            await self._coordinator.complete(request_id, self.name, result=result.data)
-
-    async def _dispatch_result(self, request_id: str, result: Any, next_stages: str | list[str] | None) -> None:
-        done_targets = self._routing.stream_done_targets(request_id, result)
-        if self._edges is None:
-            for target in done_targets:
-                await self._signal_done(target, request_id)
-        keep_state = isinstance(result, RoutedPayloads) and result.keep_request_state
-        targets: list[str] = []
-        if next_stages is None:
-            if self._tracer.enabled:
-                self._tracer.event("stage_complete", request_id=request_id, stage=self.name, terminal=True)
-        else:
-            targets = [next_stages] if isinstance(next_stages, str) else next_stages
-            if self._tracer.enabled:
-                self._tracer.event(
-                    "stage_complete", request_id=request_id, stage=self.name, terminal=False, next=targets
-                )
-            if self.name in targets and not keep_state:
-                # Routing to itself re-admits the request here: clear before, not after.
-                self.clear_request_state(request_id)
-                keep_state = True
-        single = len(targets) == 1
-        if self._edges is None:
-            for target in targets:
-                await self._send_to_stage(request_id, target, self._payload_for(result, target), single=single)
-        else:
-            payloads = {target: self._payload_for(result, target) for target in targets}
-            await self._send_on_lanes(request_id, done_targets, payloads, single=single)
-        if not keep_state:
-            self.clear_request_state(request_id)
-        self._let_go(request_id)
-
-    async def _send_on_lanes(
-        self, request_id: str, done_targets: list[str], payloads: dict[str, StagePayload], *, single: bool
-    ) -> None:
-        """A result's sends, each destination's on its lane, all destinations at once: the signal that the
-        request's stream ended, then its payload (a slow destination holds up none of the others)."""
-
-        async def to(target: str) -> None:
-            if target in done_targets:
-                await self._signal_done(target, request_id)
-            if target in payloads:
-                await self._send_to_stage(request_id, target, payloads[target], single=single)
-
-        assert self._edges is not None
-        targets = [*done_targets, *payloads]
-        sends = {target: self._in_turn(request_id, functools.partial(to, target)) for target in targets}
-        await self._edges.fan_out(sends)
-
-    async def _signal_done(self, target: str, request_id: str) -> None:
-        await self._counted(self._link(target).stream_signal(request_id, self.name))
-
-    @staticmethod
-    def _payload_for(result: Any, target: str) -> StagePayload:
-        if isinstance(result, RoutedPayloads):
-            if target not in result.payloads:
-                raise LookupError(f"RoutedPayloads has no payload for next stage {target!r}")
-            return result.payloads[target]
-        if not isinstance(result, StagePayload):
-            raise TypeError(
-                f"a non-terminal stage must output a StagePayload (or RoutedPayloads), got {type(result).__name__}"
-            )
-        return result
-
-    async def _send_to_stage(self, request_id: str, target: str, payload: StagePayload, *, single: bool) -> None:
-        link = self._link(target)
-        projector = self._routing.projectors.get(target)
-        projected = projector(payload) if projector is not None else payload
-        share = link.local and (
-            single or is_isolated_projection(payload, projected, has_projector=projector is not None)
-        )
-        await self._counted(link.payload(request_id, self.name, projected, share=share))
-
-
-#: The lane of the caller (a terminal stage's chunks and completion); no stage has this name.
-_CALLER = ""
-
-
-def _modality(out: OutgoingMessage) -> str | None:
-    """The modality a chunk for the caller is labelled with: its metadata's, else its data dict's."""
-    if out.metadata and "modality" in out.metadata:
-        return out.metadata["modality"]
-    if isinstance(out.data, dict):
-        return out.data.get("modality")
-    return None
