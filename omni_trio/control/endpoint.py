@@ -40,7 +40,7 @@ from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.sending import Sender
 from omni_trio.control.transfers import Transfers
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.stage.stage import describe_error
+from omni_trio.errors import describe_error
 from omni_trio.tracing import Tracer
 
 if TYPE_CHECKING:
