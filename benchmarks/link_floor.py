@@ -3,19 +3,28 @@ trio loop that forwards a ~300-byte three-frame message, over pyzmq PUSH/PULL (i
 Unix stream sockets with length-prefixed frames. Prints p50 per round trip and the CPU per request of
 each process (all its threads, kernel included).
 
-    python benchmarks/link_floor.py [--requests 3000]
+    python benchmarks/link_floor.py [--requests 3000] [--forwarders 2] [--handoffs 0] [--kinds zmq,unix,ours]
+
+``--forwarders N`` puts N forwarding processes in the ring (W1: 2, W2: 4, W7: 1). ``--handoffs K``
+makes each forwarder hand the message to a thread and back K times before sending it on, each time
+to a thread of its own (a default stage's compute runs on its scheduler thread: W1 and W2 pay one per
+forwarder, W7's one worker four), with the least a loop <-> thread round trip needs: a
+``queue.SimpleQueue`` to the thread, ``run_sync_soon`` back to reschedule the waiting task. No runtime
+code runs, so this is the floor of a workload with default stage semantics on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import resource
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import trio
@@ -128,21 +137,45 @@ class OurLink:
         return await self.pull.recv_multipart()
 
 
-RING = ["main", "s0", "s1"]
 LINKS = {"zmq": ZmqLink, "unix": UnixLink, "ours": OurLink}
 
 
-async def role(kind: str, directory: str, me: str, requests: int) -> None:
-    peer = RING[(RING.index(me) + 1) % 3]
+class ThreadHandoff:
+    """A thread that runs nothing: a task hands itself over and is rescheduled from the thread."""
+
+    def __init__(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.tasks: queue.SimpleQueue[trio.lowlevel.Task | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while (task := self.tasks.get()) is not None:
+            self.token.run_sync_soon(trio.lowlevel.reschedule, task)
+
+    async def round_trip(self) -> None:
+        """Wake the thread and wait until it wakes this task again."""
+        self.tasks.put(trio.lowlevel.current_task())
+        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+
+async def role(kind: str, directory: str, me: str, requests: int, ring: list[str], handoffs: int) -> None:
+    peer = ring[(ring.index(me) + 1) % len(ring)]
     link = LINKS[kind](directory, me, peer)
     await link.start()
     if me != "main":
+        threads = [ThreadHandoff() for _ in range(handoffs)]
         cpu0 = 0.0
         for i in range(requests + 200):
             if i == 200:
                 cpu0 = _cpu_us()
-            await link.send(await link.recv())
+            frames = await link.recv()
+            for thread in threads:
+                await thread.round_trip()
+            await link.send(frames)
         print(f"{me} cpu/request {(_cpu_us() - cpu0) / requests:.0f} us", flush=True)
+        for thread in threads:
+            thread.tasks.put(None)
         return
     samples = []
     cpu0 = 0.0
@@ -160,19 +193,21 @@ async def role(kind: str, directory: str, me: str, requests: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--forwarders", type=int, default=2)
+    parser.add_argument("--handoffs", type=int, default=0)
+    parser.add_argument("--kinds", default="zmq,unix,ours")
     parser.add_argument("--role", nargs=3)
     args = parser.parse_args()
+    ring = ["main", *(f"s{i}" for i in range(args.forwarders))]
     if args.role:
-        trio.run(role, *args.role, args.requests)
+        trio.run(role, *args.role, args.requests, ring, args.handoffs)
         return
-    for kind in ["zmq", "unix", "ours"] * 2:
+    print(f"ring of {len(ring)} processes, {args.handoffs} thread hand-off(s) per forwarder", flush=True)
+    for kind in args.kinds.split(",") * 2:
         with tempfile.TemporaryDirectory() as directory:
-            procs = [
-                subprocess.Popen(
-                    [sys.executable, __file__, "--requests", str(args.requests), "--role", kind, directory, name]
-                )
-                for name in RING
-            ]
+            command = [sys.executable, __file__, "--requests", str(args.requests), "--forwarders", str(args.forwarders)]
+            command += ["--handoffs", str(args.handoffs)]
+            procs = [subprocess.Popen([*command, "--role", kind, directory, name]) for name in ring]
             for proc in procs:
                 proc.wait()
         print(f"  (load {os.getloadavg()[0]:.1f})", flush=True)
