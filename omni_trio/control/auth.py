@@ -26,6 +26,7 @@ docs/design.md §10.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -74,8 +75,10 @@ class Authenticator(Protocol):
         """A received message without its proof; None (counted and reported) if it has no valid one."""
 
 
-def _size(frame: Frame) -> int:
-    return frame.nbytes if type(frame) is memoryview else len(frame)
+@functools.cache
+def _header(frames: int, unhashed: int) -> struct.Struct:
+    """The layout of what the proof covers first: the kind, the frames' lengths, the unhashed frames."""
+    return struct.Struct(f"<BQ{frames}QQ{unhashed}I")
 
 
 class FrameMac:
@@ -90,6 +93,7 @@ class FrameMac:
         if type(secret) is not bytes or len(secret) != SECRET_BYTES:
             raise ValueError(f"a run's secret is {SECRET_BYTES} bytes")
         self._secret = secret
+        self._keyed = hashlib.blake2b(key=secret, digest_size=MAC_BYTES)
         self._process = process
         self._tracer = tracer
         self._refused = 0
@@ -105,15 +109,16 @@ class FrameMac:
         return self._refused
 
     def _mac(self, frames: Sequence[Frame], unhashed: tuple[int, ...] = ()) -> bytes:
-        lengths = [_size(frame) for frame in frames]
-        header = struct.pack(
-            f"<BQ{len(lengths)}QQ{len(unhashed)}I", _MESSAGE, len(lengths), *lengths, len(unhashed), *unhashed
-        )
-        mac = hashlib.blake2b(header, key=self._secret, digest_size=MAC_BYTES)
-        skip = set(unhashed)
-        for index, frame in enumerate(frames):
-            if index not in skip:
-                mac.update(frame.buffer if isinstance(frame, zmq.Frame) else frame)
+        lengths = [frame.nbytes if type(frame) is memoryview else len(frame) for frame in frames]
+        # A copy of the keyed state: the key is neither parsed nor compressed again per message.
+        mac = self._keyed.copy()
+        header = _header(len(lengths), len(unhashed))
+        mac.update(header.pack(_MESSAGE, len(lengths), *lengths, len(unhashed), *unhashed))
+        if unhashed:
+            skip = set(unhashed)
+            frames = [frame for index, frame in enumerate(frames) if index not in skip]
+        for frame in frames:
+            mac.update(frame.buffer if isinstance(frame, zmq.Frame) else frame)
         return mac.digest()
 
     def seal(self, frames: Sequence[Frame], *, over_curve: bool = False) -> list[Frame]:
