@@ -33,7 +33,7 @@ import copy
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -356,24 +356,59 @@ def write_packed(
     if buffer.readonly:
         raise ValueError("write_packed needs a writable buffer")
     length = buffer.nbytes
-    for entry in entries:
-        if entry.size == 0:
+    for run in _runs(entries):
+        for entry in run:
+            if entry.size and (entry.offset < 0 or entry.offset + entry.size > length):
+                raise LayoutError(
+                    f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
+                    f"does not fit a buffer of {length} bytes"
+                )
+        first = run[0]
+        if first.size == 0:
             continue  # torch.frombuffer rejects count=0; nothing to copy anyway
-        if entry.offset < 0 or entry.offset + entry.size > length:
-            raise LayoutError(
-                f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
-                f"does not fit a buffer of {length} bytes"
-            )
-        source = tensors[entry.path].detach()
-        dtype = SUPPORTED_DTYPES[entry.dtype]
-        dest = torch.frombuffer(buffer, dtype=dtype, count=source.numel(), offset=entry.offset).view(source.shape)
+        dtype = SUPPORTED_DTYPES[first.dtype]
+        if len(run) == 1:
+            source = tensors[first.path].detach()
+            dest = torch.frombuffer(buffer, dtype=dtype, count=source.numel(), offset=first.offset).view(source.shape)
+            try:
+                dest.copy_(source)
+            finally:
+                # torch.frombuffer keeps a reference to ``buffer`` but no buffer
+                # export: a view surviving this call would let the caller close
+                # its mmap under a live tensor. Drop it before returning.
+                del dest
+            continue
+        count = first.size // dtype.itemsize
+        dest = torch.frombuffer(buffer, dtype=dtype, count=count * len(run), offset=first.offset)
         try:
-            dest.copy_(source)
+            torch.stack([tensors[entry.path].detach() for entry in run], out=dest.view(len(run), *first.shape))
         finally:
-            # torch.frombuffer keeps a reference to ``buffer`` but no buffer
-            # export: a view surviving this call would let the caller close
-            # its mmap under a live tensor. Drop it before returning.
             del dest
+
+
+def _runs(entries: Iterable[TensorEntry]) -> Iterator[list[TensorEntry]]:
+    """The entries in order, cut into runs that one torch call can write or view: consecutive CPU
+    tensors of one dtype and shape, each right after the one before (a stream's small chunks; torch's
+    per-call overhead, ~3 µs a tensor, was most of their packing). Any other entry is a run of one."""
+    run: list[TensorEntry] = []
+    for entry in entries:
+        if run and not _continues(run[-1], entry):
+            yield run
+            run = []
+        run.append(entry)
+    if run:
+        yield run
+
+
+def _continues(before: TensorEntry, entry: TensorEntry) -> bool:
+    return (
+        entry.size > 0
+        and entry.device == "cpu"
+        and before.device == "cpu"
+        and entry.dtype == before.dtype
+        and entry.shape == before.shape
+        and entry.offset == before.offset + before.size
+    )
 
 
 def _as_byte_tensor(buffer: memoryview | bytes | bytearray | torch.Tensor) -> torch.Tensor:
@@ -434,36 +469,50 @@ def unpack_tensors(
     length = base.numel()
     target = torch.device(accelerator) if accelerator is not None else None
     out: dict[str, torch.Tensor] = {}
-    for entry in entries:
-        dtype = dtype_from_str(entry.dtype)
-        elem = dtype.itemsize
-        if any(d < 0 for d in entry.shape):
-            raise LayoutError(f"tensor {entry.path!r} has a negative dimension {entry.shape}")
-        numel = math.prod(entry.shape)
-        if entry.size != numel * elem:
-            raise LayoutError(f"tensor {entry.path!r}: size {entry.size} != {numel} x {elem} bytes")
-        if entry.offset < 0 or entry.offset % elem or entry.offset + entry.size > length:
-            raise LayoutError(
-                f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
-                f"is misaligned or outside a buffer of {length} bytes"
-            )
-        if entry.path in out:
-            raise LayoutError(f"duplicate tensor path {entry.path!r}")
-        if numel == 0:
-            tensor = torch.empty(entry.shape, dtype=dtype, device=base.device)
+    paths: set[str] = set()
+    for run in _runs(entries):
+        for entry in run:
+            _check_entry(entry, length)
+            if entry.path in paths:
+                raise LayoutError(f"duplicate tensor path {entry.path!r}")
+            paths.add(entry.path)
+        first = run[0]
+        dtype = dtype_from_str(first.dtype)
+        if len(run) > 1:
+            # Validated above; one slice and one unbind for the run (CPU: nothing to move).
+            end = first.offset + first.size * len(run)
+            views = base[first.offset : end].view(dtype).view(len(run), *first.shape).unbind(0)
+            out.update(zip([entry.path for entry in run], views, strict=True))
+            continue
+        if first.size == 0:
+            tensor = torch.empty(first.shape, dtype=dtype, device=base.device)
         else:
             try:
-                tensor = base[entry.offset : entry.offset + entry.size].view(dtype).view(entry.shape)
+                tensor = base[first.offset : first.offset + first.size].view(dtype).view(first.shape)
             except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
-                raise LayoutError(f"tensor {entry.path!r}: {exc}") from None
+                raise LayoutError(f"tensor {first.path!r}: {exc}") from None
         try:
-            device = None if entry.device == "cpu" else _receiver_device(entry.device, base.device, target)
+            device = None if first.device == "cpu" else _receiver_device(first.device, base.device, target)
         except RuntimeError as exc:  # torch.device() of a malformed device string
-            raise LayoutError(f"tensor {entry.path!r}: bad device {entry.device!r}") from exc
+            raise LayoutError(f"tensor {first.path!r}: bad device {first.device!r}") from exc
         if device is not None:
             tensor = tensor.to(device)
-        out[entry.path] = tensor
+        out[first.path] = tensor
     return out
+
+
+def _check_entry(entry: TensorEntry, length: int) -> None:
+    """Raise LayoutError unless ``entry`` describes a tensor inside a buffer of ``length`` bytes."""
+    elem = dtype_from_str(entry.dtype).itemsize
+    if any(d < 0 for d in entry.shape):
+        raise LayoutError(f"tensor {entry.path!r} has a negative dimension {entry.shape}")
+    if entry.size != math.prod(entry.shape) * elem:
+        raise LayoutError(f"tensor {entry.path!r}: size {entry.size} != {math.prod(entry.shape)} x {elem} bytes")
+    if entry.offset < 0 or entry.offset % elem or entry.offset + entry.size > length:
+        raise LayoutError(
+            f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
+            f"is misaligned or outside a buffer of {length} bytes"
+        )
 
 
 def restore(obj: object, tensors: Mapping[str, torch.Tensor], *, partial: bool = False) -> object:

@@ -247,6 +247,41 @@ def test_unpacked_tensors_are_views_of_one_buffer() -> None:
     assert storages == {buf.untyped_storage().data_ptr()}
 
 
+def test_a_stream_of_small_chunks_is_packed_and_viewed_run_by_run() -> None:
+    # Consecutive CPU tensors of one dtype and shape are written and viewed by one torch call each
+    # run; whatever breaks a run (another shape or dtype, an empty tensor) starts the next.
+    obj = {
+        "chunks": [torch.arange(8) + i for i in range(40)],
+        "other_shape": [torch.ones(2, 3), torch.zeros(2, 3)],
+        "empty": torch.empty(0, dtype=torch.int64),
+        "strided": [torch.arange(16)[::2] for _ in range(3)],
+        "other_dtype": [torch.arange(8, dtype=torch.int32) for _ in range(2)],
+        "scalars": [torch.tensor(float(i)) for i in range(5)],
+    }
+    for via in ("memoryview", "bytes", "tensor"):
+        back, _ = round_trip(obj, via=via)
+        assert_same({k: [t.contiguous() for t in v] if isinstance(v, list) else v for k, v in obj.items()}, back)
+    _, tensors = extract_tensors(obj)
+    total, entries = pack_tensors(tensors)
+    buf = torch.zeros(total, dtype=torch.uint8)
+    write_packed(memoryview(buf.numpy()), tensors, entries)
+    out = unpack_tensors(buf, entries)
+    views = [t for t in out.values() if t.numel()]  # an empty tensor has no bytes to view
+    assert {t.untyped_storage().data_ptr() for t in views} == {buf.untyped_storage().data_ptr()}
+    out["t0"][0] = 99  # a view of the buffer, not of its neighbours
+    assert buf[:8].view(torch.int64).item() == 99 and out["t1"][0].item() == 1
+
+
+def test_unpack_checks_every_entry_of_a_run() -> None:
+    def chunk(path: str, offset: int) -> TensorEntry:
+        return TensorEntry(path=path, shape=(2,), dtype="torch.int64", device="cpu", offset=offset, size=16)
+
+    with pytest.raises(LayoutError, match="duplicate"):
+        unpack_tensors(bytes(48), [chunk("t0", 0), chunk("t1", 16), chunk("t0", 32)])
+    with pytest.raises(LayoutError, match="outside"):
+        unpack_tensors(bytes(40), [chunk("t0", 0), chunk("t1", 16), chunk("t2", 32)])
+
+
 def test_requires_grad_and_parameters_are_detached() -> None:
     param = torch.nn.Parameter(torch.ones(2))
     back, _ = round_trip({"p": param})
