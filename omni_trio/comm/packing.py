@@ -348,7 +348,8 @@ def write_packed(
 
     ``buffer`` must be writable and at least as long as the layout (e.g. a
     memoryview of an mmap). Each destination slice is viewed as a tensor of
-    the source's dtype and shape and filled with one ``copy_``, so
+    the source's dtype and shape and filled with one ``copy_`` (a run of
+    small CPU tensors of one dtype and shape with one ``torch.stack``), so
     non-contiguous sources and device-to-host copies need no intermediate
     buffer. All views of ``buffer`` are dropped before returning, so the
     caller can close its mmap right after.
