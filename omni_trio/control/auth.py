@@ -75,7 +75,7 @@ class Authenticator(Protocol):
         """A received message without its proof; None (counted and reported) if it has no valid one."""
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # bounded: a received message's shape is chosen before its proof is checked
 def _header(frames: int, unhashed: int) -> struct.Struct:
     """The layout of what the proof covers first: the kind, the frames' lengths, the unhashed frames."""
     return struct.Struct(f"<BQ{frames}QQ{unhashed}I")

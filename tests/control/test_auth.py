@@ -98,3 +98,14 @@ def test_off_curve_every_frame_is_hashed_memoryviews_included() -> None:
     assert auth.open([b"tag", b"u" * 100, bytes(sealed[-1])], "test") is None
     # Nothing without a memoryview is left out, whatever the socket.
     assert len(auth.seal([b"tag", b"t" * 100], over_curve=True)[-1]) == MAC_BYTES
+
+
+def test_forged_messages_of_many_shapes_do_not_grow_the_header_cache() -> None:
+    # A message's frame count is the peer's choice and is read before its proof is checked.
+    from omni_trio.control.auth import _header
+
+    mac = FrameMac(new_secret())
+    for frames in range(2, 300):
+        assert mac.open([b"x"] * (frames - 1) + [b"p" * MAC_BYTES], "peer") is None
+    assert mac.refused == 298
+    assert _header.cache_info().currsize <= 64
