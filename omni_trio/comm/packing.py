@@ -479,19 +479,18 @@ def unpack_tensors(
             paths.add(entry.path)
         first = run[0]
         dtype = dtype_from_str(first.dtype)
-        if len(run) > 1:
-            # Validated above; one slice and one unbind for the run (CPU: nothing to move).
-            end = first.offset + first.size * len(run)
-            views = base[first.offset : end].view(dtype).view(len(run), *first.shape).unbind(0)
-            out.update(zip([entry.path for entry in run], views, strict=True))
-            continue
         if first.size == 0:
             tensor = torch.empty(first.shape, dtype=dtype, device=base.device)
         else:
+            # Validated above; one slice and one unbind for a run (CPU: nothing to move).
+            shape = first.shape if len(run) == 1 else (len(run), *first.shape)
             try:
-                tensor = base[first.offset : first.offset + first.size].view(dtype).view(first.shape)
+                tensor = base[first.offset : first.offset + first.size * len(run)].view(dtype).view(shape)
             except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
                 raise LayoutError(f"tensor {first.path!r}: {exc}") from None
+            if len(run) > 1:
+                out.update(zip([entry.path for entry in run], tensor.unbind(0), strict=True))
+                continue
         try:
             device = None if first.device == "cpu" else _receiver_device(first.device, base.device, target)
         except RuntimeError as exc:  # torch.device() of a malformed device string

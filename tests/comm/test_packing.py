@@ -282,6 +282,15 @@ def test_unpack_checks_every_entry_of_a_run() -> None:
         unpack_tensors(bytes(40), [chunk("t0", 0), chunk("t1", 16), chunk("t2", 32)])
 
 
+def test_a_run_in_a_misaligned_byte_tensor_is_a_layout_error() -> None:
+    def chunk(path: str, offset: int) -> TensorEntry:
+        return TensorEntry(path=path, shape=(2,), dtype="torch.int64", device="cpu", offset=offset, size=16)
+
+    odd = torch.zeros(33, dtype=torch.uint8)[1:]  # storage offset 1: no int64 view of it
+    with pytest.raises(LayoutError, match="t0"):
+        unpack_tensors(odd, [chunk("t0", 0), chunk("t1", 16)])
+
+
 def test_requires_grad_and_parameters_are_detached() -> None:
     param = torch.nn.Parameter(torch.ones(2))
     back, _ = round_trip({"p": param})
