@@ -51,3 +51,36 @@ class TensorEntry:
     def __reduce__(self) -> tuple[type[TensorEntry], tuple[str, tuple[int, ...], str, str, int, int]]:
         # Pickled with every small inline chunk: its fields as a tuple cost a third of attrs' state dict.
         return (TensorEntry, (self.path, self.shape, self.dtype, self.device, self.offset, self.size))
+
+
+@attrs.frozen
+class TensorRun:
+    """Tensors of one shape, dtype and device packed back to back: the ``i``-th of ``paths`` lives at
+    ``offset + i * size`` (``size``: the bytes of each).
+
+    The layout as the packing code works with it, and as an inline header carries it: a stream's
+    small chunks are one run, where a :class:`TensorEntry` each would cost an object per chunk to
+    build, pickle, unpickle and check. A single tensor is a run of one.
+    """
+
+    paths: tuple[str, ...]
+    shape: tuple[int, ...] = attrs.field(converter=_shape_tuple)
+    dtype: str
+    device: str
+    offset: int
+    size: int
+
+    def __reduce__(self) -> tuple[type[TensorRun], tuple[tuple[str, ...], tuple[int, ...], str, str, int, int]]:
+        return (TensorRun, (self.paths, self.shape, self.dtype, self.device, self.offset, self.size))
+
+    @property
+    def end(self) -> int:
+        """The offset just past the run's last byte."""
+        return self.offset + self.size * len(self.paths)
+
+    def entries(self) -> list[TensorEntry]:
+        """One :class:`TensorEntry` per tensor of the run (what a shared-memory DataRef lists)."""
+        return [
+            TensorEntry(path, self.shape, self.dtype, self.device, self.offset + i * self.size, self.size)
+            for i, path in enumerate(self.paths)
+        ]

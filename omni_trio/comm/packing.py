@@ -30,17 +30,16 @@ dtype raises :class:`UnsupportedDtype` naming the tensor's location.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 import torch
 
-from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
+from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry, TensorRun
 from omni_trio.errors import OmniTrioError
 
 __all__ = [
@@ -48,16 +47,21 @@ __all__ = [
     "LayoutError",
     "TensorEntry",
     "TensorPlaceholder",
+    "TensorRun",
     "UnsupportedDtype",
     "UnsupportedTensor",
     "dtype_from_str",
     "extract_tensors",
+    "pack_runs",
     "pack_tensors",
     "restore",
+    "runs_of",
     "tensor_nbytes",
     "tensor_path",
+    "unpack_runs",
     "unpack_tensors",
     "write_packed",
+    "write_runs",
 ]
 
 #: Dtypes that may cross the data plane, keyed by ``str(dtype)`` (the form
@@ -99,25 +103,23 @@ def tensor_path(index: int) -> str:
 
 @attrs.frozen
 class TensorPlaceholder:
-    """Stands in for an extracted tensor inside the header.
+    """Stands in for an extracted tensor inside the header: the ``index``-th tensor found.
 
     A dedicated class (not a dict) so that user data can never be mistaken for
-    a placeholder. Picklable: the receiver imports this module anyway.
+    a placeholder. Picklable: the receiver imports this module anyway. Its shape,
+    dtype and device are the layout's (:class:`TensorRun`), not repeated here.
     """
 
     index: int
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
 
     @property
     def path(self) -> str:
         """The key of this tensor in the ``{path: tensor}`` mapping."""
         return tensor_path(self.index)
 
-    def __reduce__(self) -> tuple[type[TensorPlaceholder], tuple[int, tuple[int, ...], str, str]]:
-        # Pickled with every small chunk: its fields as a tuple cost a third of attrs' state dict.
-        return (TensorPlaceholder, (self.index, self.shape, self.dtype, self.device))
+    def __reduce__(self) -> tuple[type[TensorPlaceholder], tuple[int]]:
+        # Pickled with every small chunk: its field as a tuple costs a fraction of attrs' state dict.
+        return (TensorPlaceholder, (self.index,))
 
 
 #: Where a node sits in a walked object: ``(parent's path, key)``, None for the root. Formatted
@@ -134,19 +136,24 @@ def describe_path(path: Path) -> str:
     return "<root>" + "".join(f"[{key!r}]" for key in reversed(keys))
 
 
-def _check_tensor(tensor: torch.Tensor, where: Callable[[], str]) -> str:
-    """Validate a tensor for the data plane; return its dtype string. ``where()`` describes its place
-    (called only to word an error)."""
-    name = str(tensor.dtype)
-    if name not in SUPPORTED_DTYPES:
+#: ``str(dtype)`` of each supported dtype, keyed by the dtype itself: a dict lookup per tensor.
+_DTYPE_NAMES: Mapping[torch.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
+
+
+def _check_tensor(tensor: torch.Tensor, place: Any, describe: Callable[[Any], str]) -> str:
+    """Validate a tensor for the data plane; return its dtype string. ``describe(place)`` words its
+    place in an error (called only then: one small call per tensor, no closure built for it)."""
+    name = _DTYPE_NAMES.get(tensor.dtype)
+    if name is None:
         raise UnsupportedDtype(
-            f"tensor at {where()} has unsupported dtype {name}; supported: {', '.join(sorted(SUPPORTED_DTYPES))}"
+            f"tensor at {describe(place)} has unsupported dtype {tensor.dtype}; "
+            f"supported: {', '.join(sorted(SUPPORTED_DTYPES))}"
         )
     # Sparse/mkldnn/nested tensors have no single strided byte image to copy.
     if tensor.layout is not torch.strided or tensor.is_nested:
-        raise UnsupportedTensor(f"tensor at {where()} has unsupported layout {tensor.layout}")
-    if tensor.device.type == "meta":
-        raise UnsupportedTensor(f"tensor at {where()} is on the meta device (it has no data)")
+        raise UnsupportedTensor(f"tensor at {describe(place)} has unsupported layout {tensor.layout}")
+    if tensor.is_meta:
+        raise UnsupportedTensor(f"tensor at {describe(place)} is on the meta device (it has no data)")
     return name
 
 
@@ -184,6 +191,11 @@ def _rebuild_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ..
     return type(original)(items)
 
 
+#: Types that hold no tensor (nor placeholder): :func:`tensor_nbytes` and the container walk
+#: pass them by before any ``isinstance`` check or call.
+_LEAVES = frozenset({str, bytes, int, float, bool, type(None)})
+
+
 def _map_containers(
     obj: object,
     leaf: Callable[[object, Path], object],
@@ -192,7 +204,8 @@ def _map_containers(
 
     Containers are rebuilt only when something inside changed (identity
     comparison), so tensor-free data is returned without copying. ``leaf``
-    receives the node's :data:`Path`, for error messages.
+    receives the node's :data:`Path`, for error messages; it is not called for
+    a :data:`_LEAVES` value inside a container (it could only return it).
     Cycles raise ValueError instead of recursing forever.
     """
     return _walk(obj, None, leaf, set())
@@ -212,7 +225,13 @@ def _walk(node: object, path: Path, leaf: Callable[[object, Path], object], acti
             items: list[tuple[Any, Any]] = []
             changed = False
             for key, value in node.items():
-                new_value = _walk(value, (path, key), leaf, active)
+                if type(value) in _LEAVES:
+                    items.append((key, value))
+                    continue
+                if isinstance(value, (dict, list, tuple)):
+                    new_value = _walk(value, (path, key), leaf, active)
+                else:
+                    new_value = leaf(value, (path, key))  # one call, not a walk that ends in it
                 changed = changed or new_value is not value
                 items.append((key, new_value))
         finally:
@@ -227,7 +246,13 @@ def _walk(node: object, path: Path, leaf: Callable[[object, Path], object], acti
             elems: list[Any] = []
             changed = False
             for i, value in enumerate(node):
-                new_value = _walk(value, (path, i), leaf, active)
+                if type(value) in _LEAVES:
+                    elems.append(value)
+                    continue
+                if isinstance(value, (dict, list, tuple)):
+                    new_value = _walk(value, (path, i), leaf, active)
+                else:
+                    new_value = leaf(value, (path, i))
                 changed = changed or new_value is not value
                 elems.append(new_value)
         finally:
@@ -238,10 +263,6 @@ def _walk(node: object, path: Path, leaf: Callable[[object, Path], object], acti
             return _rebuild_list(node, elems)
         return _rebuild_tuple(node, elems)
     return leaf(node, path)
-
-
-#: Types that hold no tensor, skipped by :func:`tensor_nbytes` before any ``isinstance`` check.
-_LEAVES = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 def tensor_nbytes(obj: object) -> int:
@@ -296,13 +317,8 @@ def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
         seen = by_identity.get(id(node))
         if seen is not None:
             return seen
-        dtype = _check_tensor(node, functools.partial(describe_path, path))
-        placeholder = TensorPlaceholder(
-            index=next(counter),
-            shape=tuple(node.shape),
-            dtype=dtype,
-            device=str(node.device),
-        )
+        _check_tensor(node, path, describe_path)
+        placeholder = TensorPlaceholder(next(counter))
         by_identity[id(node)] = placeholder
         tensors[placeholder.path] = node
         return placeholder
@@ -310,95 +326,68 @@ def extract_tensors(obj: object) -> tuple[object, dict[str, torch.Tensor]]:
     return _map_containers(obj, leaf), tensors
 
 
-def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[int, list[TensorEntry]]:
-    """Compute the packed layout of ``tensors`` (insertion order).
+def pack_runs(tensors: Mapping[str, torch.Tensor]) -> tuple[int, list[TensorRun]]:
+    """Compute the packed layout of ``tensors`` (insertion order) as runs.
 
-    Each tensor's offset is aligned to its element size. Returns the total
-    byte length (at least 1: a transfer always has a non-empty buffer) and
-    one :class:`TensorEntry` per tensor. No bytes are copied here; see
-    :func:`write_packed`.
+    Each tensor's offset is aligned to its element size; consecutive CPU tensors of one
+    dtype and shape share a :class:`TensorRun` (a stream's small chunks: one torch call writes
+    or views them all). Returns the total byte length (at least 1: a transfer always has a
+    non-empty buffer) and the runs. No bytes are copied here; see :func:`write_runs`.
     """
-    entries: list[TensorEntry] = []
+    runs: list[TensorRun] = []
     cursor = 0
+    paths: list[str] = []
+    joinable = False  # whether the open run (paths) may take the next tensor of its dtype and shape
+    dtype = device = ""
+    shape: tuple[int, ...] = ()
+    offset = size = 0
     for path, tensor in tensors.items():
-        dtype = _check_tensor(tensor, functools.partial(repr, path))
+        name = _check_tensor(tensor, path, repr)
+        tensor_shape = tuple(tensor.shape)
+        if joinable and tensor.is_cpu and name == dtype and tensor_shape == shape:
+            paths.append(path)
+            cursor += size
+            continue
+        if paths:
+            runs.append(TensorRun(tuple(paths), shape, dtype, device, offset, size))
         elem = tensor.element_size()
         offset = -(-cursor // elem) * elem  # round up to a multiple of elem
         size = tensor.numel() * elem
-        entries.append(
-            TensorEntry(
-                path=path,
-                shape=tuple(tensor.shape),
-                dtype=dtype,
-                device=str(tensor.device),
-                offset=offset,
-                size=size,
-            )
-        )
+        paths, dtype, shape = [path], name, tensor_shape
+        device = "cpu" if tensor.is_cpu else str(tensor.device)
+        joinable = device == "cpu" and size > 0
         cursor = offset + size
-    return max(cursor, 1), entries
+    if paths:
+        runs.append(TensorRun(tuple(paths), shape, dtype, device, offset, size))
+    return max(cursor, 1), runs
 
 
-def write_packed(
-    buffer: memoryview,
-    tensors: Mapping[str, torch.Tensor],
-    entries: Iterable[TensorEntry],
-) -> None:
-    """Copy each tensor's bytes into ``buffer`` at its entry's offset.
-
-    ``buffer`` must be writable and at least as long as the layout (e.g. a
-    memoryview of an mmap). Each destination slice is viewed as a tensor of
-    the source's dtype and shape and filled with one ``copy_`` (a run of
-    small CPU tensors of one dtype and shape with one ``torch.stack``), so
-    non-contiguous sources and device-to-host copies need no intermediate
-    buffer. All views of ``buffer`` are dropped before returning, so the
-    caller can close its mmap right after.
-    """
-    if buffer.readonly:
-        raise ValueError("write_packed needs a writable buffer")
-    length = buffer.nbytes
-    for run in _runs(entries):
-        for entry in run:
-            if entry.size and (entry.offset < 0 or entry.offset + entry.size > length):
-                raise LayoutError(
-                    f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
-                    f"does not fit a buffer of {length} bytes"
-                )
-        first = run[0]
-        if first.size == 0:
-            continue  # torch.frombuffer rejects count=0; nothing to copy anyway
-        dtype = SUPPORTED_DTYPES[first.dtype]
-        if len(run) == 1:
-            source = tensors[first.path].detach()
-            dest = torch.frombuffer(buffer, dtype=dtype, count=source.numel(), offset=first.offset).view(source.shape)
-            try:
-                dest.copy_(source)
-            finally:
-                # torch.frombuffer keeps a reference to ``buffer`` but no buffer
-                # export: a view surviving this call would let the caller close
-                # its mmap under a live tensor. Drop it before returning.
-                del dest
-            continue
-        count = first.size // dtype.itemsize
-        dest = torch.frombuffer(buffer, dtype=dtype, count=count * len(run), offset=first.offset)
-        try:
-            torch.stack([tensors[entry.path].detach() for entry in run], out=dest.view(len(run), *first.shape))
-        finally:
-            del dest
+def pack_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[int, list[TensorEntry]]:
+    """Compute the packed layout of ``tensors`` (insertion order): :func:`pack_runs`, one
+    :class:`TensorEntry` per tensor (what a shared-memory DataRef lists)."""
+    total, runs = pack_runs(tensors)
+    return total, [entry for run in runs for entry in run.entries()]
 
 
-def _runs(entries: Iterable[TensorEntry]) -> Iterator[list[TensorEntry]]:
-    """The entries in order, cut into runs that one torch call can write or view: consecutive CPU
-    tensors of one dtype and shape, each right after the one before (a stream's small chunks; torch's
-    per-call overhead, ~3 µs a tensor, was most of their packing). Any other entry is a run of one."""
-    run: list[TensorEntry] = []
+def runs_of(entries: Iterable[TensorEntry]) -> list[TensorRun]:
+    """``entries`` in order, cut into runs that one torch call can write or view: consecutive CPU
+    tensors of one dtype and shape, each right after the one before (torch's per-call overhead,
+    ~3 µs a tensor, was most of a stream's packing). Any other entry is a run of one."""
+    runs: list[TensorRun] = []
+    paths: list[str] = []
+    first: TensorEntry | None = None
+    before: TensorEntry | None = None
     for entry in entries:
-        if run and not _continues(run[-1], entry):
-            yield run
-            run = []
-        run.append(entry)
-    if run:
-        yield run
+        if first is not None and before is not None and _continues(before, entry):
+            paths.append(entry.path)
+        else:
+            if first is not None:
+                runs.append(TensorRun(tuple(paths), first.shape, first.dtype, first.device, first.offset, first.size))
+            first, paths = entry, [entry.path]
+        before = entry
+    if first is not None:
+        runs.append(TensorRun(tuple(paths), first.shape, first.dtype, first.device, first.offset, first.size))
+    return runs
 
 
 def _continues(before: TensorEntry, entry: TensorEntry) -> bool:
@@ -410,6 +399,56 @@ def _continues(before: TensorEntry, entry: TensorEntry) -> bool:
         and entry.shape == before.shape
         and entry.offset == before.offset + before.size
     )
+
+
+def write_packed(
+    buffer: memoryview,
+    tensors: Mapping[str, torch.Tensor],
+    entries: Iterable[TensorEntry],
+) -> None:
+    """Copy each tensor's bytes into ``buffer`` at its entry's offset (:func:`write_runs`)."""
+    write_runs(buffer, tensors, runs_of(entries))
+
+
+def write_runs(buffer: memoryview, tensors: Mapping[str, torch.Tensor], runs: Iterable[TensorRun]) -> None:
+    """Copy each tensor's bytes into ``buffer`` where its run puts it.
+
+    ``buffer`` must be writable and at least as long as the layout (e.g. a
+    memoryview of an mmap). Each destination slice is viewed as a tensor of
+    the source's dtype and shape and filled with one ``copy_`` (a run of
+    several tensors with one ``torch.stack``), so non-contiguous sources and
+    device-to-host copies need no intermediate buffer. All views of
+    ``buffer`` are dropped before returning, so the caller can close its mmap
+    right after.
+    """
+    if buffer.readonly:
+        raise ValueError("write_packed needs a writable buffer")
+    length = buffer.nbytes
+    for run in runs:
+        if run.size == 0:
+            continue  # torch.frombuffer rejects count=0; nothing to copy anyway
+        if run.offset < 0 or run.end > length:
+            raise LayoutError(f"tensors {_named(run)} [{run.offset}, {run.end}) do not fit a buffer of {length} bytes")
+        dtype = SUPPORTED_DTYPES[run.dtype]
+        count = len(run.paths)
+        dest = torch.frombuffer(buffer, dtype=dtype, count=run.size // dtype.itemsize * count, offset=run.offset)
+        try:
+            with torch.no_grad():  # a source that requires grad is copied as data (no detach per tensor)
+                if count == 1:
+                    source = tensors[run.paths[0]]
+                    dest.view(source.shape).copy_(source)
+                else:
+                    torch.stack([tensors[path] for path in run.paths], out=dest.view(count, *run.shape))
+        finally:
+            # torch.frombuffer keeps a reference to ``buffer`` but no buffer
+            # export: a view surviving this call would let the caller close
+            # its mmap under a live tensor. Drop it before returning.
+            del dest
+
+
+def _named(run: TensorRun) -> str:
+    """A run's tensors, as an error names them."""
+    return repr(run.paths[0]) if len(run.paths) == 1 else f"{run.paths[0]!r}..{run.paths[-1]!r}"
 
 
 def _as_byte_tensor(buffer: memoryview | bytes | bytearray | torch.Tensor) -> torch.Tensor:
@@ -448,70 +487,79 @@ def unpack_tensors(
     *,
     accelerator: torch.device | str | None = None,
 ) -> dict[str, torch.Tensor]:
+    """Rebuild ``{path: tensor}`` from a packed buffer described by ``entries`` (:func:`unpack_runs`)."""
+    return unpack_runs(buffer, runs_of(entries), accelerator=accelerator)
+
+
+def unpack_runs(
+    buffer: memoryview | bytes | bytearray | torch.Tensor,
+    runs: Iterable[TensorRun],
+    *,
+    accelerator: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
     """Rebuild ``{path: tensor}`` from a packed buffer.
 
     The tensors are views of one byte tensor wrapping ``buffer`` (a writable
     memoryview or a uint8 tensor is used in place; read-only bytes are copied
-    once). Never pass a memoryview of an mmap you will close explicitly:
-    torch keeps a reference to the memoryview but no buffer export, so the
-    close succeeds and the tensors dangle. Copy the mapping into
-    ``torch.empty(n, dtype=torch.uint8)`` first, or let reference counting
-    own the mapping (see :func:`omni_trio.comm.oneshot.read_segment`).
+    once); a run is one slice and one ``unbind``. Never pass a memoryview of
+    an mmap you will close explicitly: torch keeps a reference to the
+    memoryview but no buffer export, so the close succeeds and the tensors
+    dangle. Copy the mapping into ``torch.empty(n, dtype=torch.uint8)``
+    first, or let reference counting own the mapping (see
+    :func:`omni_trio.comm.oneshot.read_segment`).
 
     Device restore (SPEC §8.5): a CPU source stays on CPU; a source of the
     received device type stays; an accelerator source is moved to
     ``accelerator`` (default: this process's current CUDA device when the
     source was CUDA and CUDA is available), otherwise it stays on CPU.
 
-    Raises LayoutError if an entry does not fit the buffer or is
-    inconsistent, UnsupportedDtype for an unknown dtype.
+    Raises LayoutError if a run does not fit the buffer or is inconsistent
+    (every tensor of it is checked: a run's bounds are those of its last),
+    UnsupportedDtype for an unknown dtype.
     """
     base = _as_byte_tensor(buffer)
     length = base.numel()
     target = torch.device(accelerator) if accelerator is not None else None
     out: dict[str, torch.Tensor] = {}
-    paths: set[str] = set()
-    for run in _runs(entries):
-        for entry in run:
-            _check_entry(entry, length)
-            if entry.path in paths:
-                raise LayoutError(f"duplicate tensor path {entry.path!r}")
-            paths.add(entry.path)
-        first = run[0]
-        dtype = dtype_from_str(first.dtype)
-        if first.size == 0:
-            tensor = torch.empty(first.shape, dtype=dtype, device=base.device)
+    for run in runs:
+        _check_run(run, length)
+        count = len(run.paths)
+        dtype = dtype_from_str(run.dtype)
+        pieces: Iterable[torch.Tensor]
+        if run.size == 0:
+            pieces = [torch.empty(run.shape, dtype=dtype, device=base.device) for _ in run.paths]
         else:
-            # Validated above; one slice and one unbind for a run (CPU: nothing to move).
-            shape = first.shape if len(run) == 1 else (len(run), *first.shape)
+            shape = run.shape if count == 1 else (count, *run.shape)
             try:
-                tensor = base[first.offset : first.offset + first.size * len(run)].view(dtype).view(shape)
+                viewed = base[run.offset : run.end].view(dtype).view(shape)
             except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
-                raise LayoutError(f"tensor {first.path!r}: {exc}") from None
-            if len(run) > 1:
-                out.update(zip([entry.path for entry in run], tensor.unbind(0), strict=True))
-                continue
+                raise LayoutError(f"tensors {_named(run)}: {exc}") from None
+            pieces = (viewed,) if count == 1 else viewed.unbind(0)
         try:
-            device = None if first.device == "cpu" else _receiver_device(first.device, base.device, target)
+            device = None if run.device == "cpu" else _receiver_device(run.device, base.device, target)
         except RuntimeError as exc:  # torch.device() of a malformed device string
-            raise LayoutError(f"tensor {first.path!r}: bad device {first.device!r}") from exc
+            raise LayoutError(f"tensors {_named(run)}: bad device {run.device!r}") from exc
         if device is not None:
-            tensor = tensor.to(device)
-        out[first.path] = tensor
+            pieces = [piece.to(device) for piece in pieces]
+        before = len(out)
+        out.update(zip(run.paths, pieces, strict=True))
+        if len(out) - before != count:
+            raise LayoutError(f"duplicate tensor path among {_named(run)}")
     return out
 
 
-def _check_entry(entry: TensorEntry, length: int) -> None:
-    """Raise LayoutError unless ``entry`` describes a tensor inside a buffer of ``length`` bytes."""
-    elem = dtype_from_str(entry.dtype).itemsize
-    if any(d < 0 for d in entry.shape):
-        raise LayoutError(f"tensor {entry.path!r} has a negative dimension {entry.shape}")
-    if entry.size != math.prod(entry.shape) * elem:
-        raise LayoutError(f"tensor {entry.path!r}: size {entry.size} != {math.prod(entry.shape)} x {elem} bytes")
-    if entry.offset < 0 or entry.offset % elem or entry.offset + entry.size > length:
+def _check_run(run: TensorRun, length: int) -> None:
+    """Raise LayoutError unless ``run`` describes tensors inside a buffer of ``length`` bytes."""
+    if not run.paths:
+        raise LayoutError("a tensor run names no tensor")
+    elem = dtype_from_str(run.dtype).itemsize
+    if any(d < 0 for d in run.shape):
+        raise LayoutError(f"tensors {_named(run)} have a negative dimension {run.shape}")
+    if run.size != math.prod(run.shape) * elem:
+        raise LayoutError(f"tensors {_named(run)}: size {run.size} != {math.prod(run.shape)} x {elem} bytes")
+    if run.offset < 0 or run.offset % elem or run.end > length:
         raise LayoutError(
-            f"tensor {entry.path!r} [{entry.offset}, {entry.offset + entry.size}) "
-            f"is misaligned or outside a buffer of {length} bytes"
+            f"tensors {_named(run)} [{run.offset}, {run.end}) are misaligned or outside a buffer of {length} bytes"
         )
 
 

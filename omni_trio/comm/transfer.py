@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind, shm_buffer
-from omni_trio.comm.layout import TensorEntry
+from omni_trio.comm.layout import TensorRun
 from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 from omni_trio.comm.shm import ShmPut, ShmRelay
@@ -54,11 +54,12 @@ class _PackedInline:
     torch pickles a tensor in tens of microseconds (and unpickles it in
     more); packing its bytes costs about one, which is what makes a stream
     of small tensor chunks cheap. ``obj`` holds placeholders where the
-    tensors were, as the header of a shared-memory transfer does.
+    tensors were, as the header of a shared-memory transfer does; ``runs``
+    lay the bytes out (a stream's chunks: one run, not an entry each).
     """
 
     obj: Any
-    entries: tuple[TensorEntry, ...]
+    runs: tuple[TensorRun, ...]
     data: bytearray
 
 
@@ -68,12 +69,12 @@ def _inline_header(
     """The pickled object with its tensors packed beside it, or None when it exceeds the inline limit."""
     if not tensors:
         return pickle.dumps(wrap(stripped), protocol=pickle.HIGHEST_PROTOCOL)
-    from omni_trio.comm.packing import pack_tensors, write_packed
+    from omni_trio.comm.packing import pack_runs, write_runs
 
-    total, entries = pack_tensors(tensors)
+    total, runs = pack_runs(tensors)
     data = bytearray(total)
-    write_packed(memoryview(data), tensors, entries)
-    header = pickle.dumps(_PackedInline(wrap(stripped), tuple(entries), data), protocol=pickle.HIGHEST_PROTOCOL)
+    write_runs(memoryview(data), tensors, runs)
+    header = pickle.dumps(_PackedInline(wrap(stripped), tuple(runs), data), protocol=pickle.HIGHEST_PROTOCOL)
     return header if len(header) <= INLINE_LIMIT else None
 
 
@@ -158,9 +159,9 @@ def _inline_ref(
     gpu_peers: bool,
 ) -> DataRef | None:
     """The inline DataRef of a split object, or None when the router does not send it inline."""
-    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    nbytes = sum(t.nbytes for t in tensors.values())
     transport = choose_transport(
-        (t.device.type for t in tensors.values()),
+        {"cpu" if t.is_cpu else t.device.type for t in tensors.values()},  # is_cpu: no device object built
         nbytes,
         sender=sender,
         receiver=target,
@@ -294,9 +295,9 @@ async def decode_object(
     if ref.transport is TransportKind.inline:
         header = pickle.loads(ref.header)
         if isinstance(header, _PackedInline):
-            from omni_trio.comm.packing import unpack_tensors
+            from omni_trio.comm.packing import unpack_runs
 
-            return _unwrap(header.obj, unpack_tensors(header.data, header.entries))
+            return _unwrap(header.obj, unpack_runs(header.data, header.runs))
         return _unwrap(header, None)
     if ref.transport is TransportKind.tcp:
         return _unwrap(pickle.loads(ref.header), tensors_from_frames(ref.tensors, ref.frames))

@@ -14,13 +14,18 @@ from omni_trio.comm.packing import (
     LayoutError,
     TensorEntry,
     TensorPlaceholder,
+    TensorRun,
     UnsupportedDtype,
     UnsupportedTensor,
     extract_tensors,
+    pack_runs,
     pack_tensors,
     restore,
+    runs_of,
+    unpack_runs,
     unpack_tensors,
     write_packed,
+    write_runs,
 )
 
 
@@ -151,7 +156,7 @@ def test_placeholder_is_a_dedicated_picklable_class() -> None:
     header, _ = extract_tensors([torch.zeros(2, 3, dtype=torch.int16)])
     assert isinstance(header, list)
     placeholder = header[0]
-    assert placeholder == TensorPlaceholder(index=0, shape=(2, 3), dtype="torch.int16", device="cpu")
+    assert placeholder == TensorPlaceholder(index=0)
     assert pickle.loads(pickle.dumps(placeholder)) == placeholder
     assert placeholder.path == "t0"
 
@@ -280,6 +285,58 @@ def test_unpack_checks_every_entry_of_a_run() -> None:
         unpack_tensors(bytes(48), [chunk("t0", 0), chunk("t1", 16), chunk("t0", 32)])
     with pytest.raises(LayoutError, match="outside"):
         unpack_tensors(bytes(40), [chunk("t0", 0), chunk("t1", 16), chunk("t2", 32)])
+
+
+def test_pack_runs_puts_a_stream_of_chunks_in_one_run() -> None:
+    tensors = {f"t{i}": torch.arange(8) + i for i in range(64)}
+    tensors["t64"] = torch.ones(3)  # another dtype and shape: a run of its own
+    tensors["t65"] = torch.empty(0)  # an empty tensor never joins a run
+    tensors["t66"] = torch.empty(0)
+    total, runs = pack_runs(tensors)
+    assert [(len(run.paths), run.shape, run.dtype) for run in runs] == [
+        (64, (8,), "torch.int64"), (1, (3,), "torch.float32"), (1, (0,), "torch.float32"), (1, (0,), "torch.float32")
+    ]
+    assert runs[0].paths == tuple(f"t{i}" for i in range(64)) and runs[0].end == 64 * 64
+    # Entries and runs are two spellings of one layout.
+    assert pack_tensors(tensors) == (total, [entry for run in runs for entry in run.entries()])
+    assert runs_of(pack_tensors(tensors)[1]) == runs
+    buf = bytearray(total)
+    write_runs(memoryview(buf), tensors, runs)
+    back = unpack_runs(buf, runs)
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    assert pickle.loads(pickle.dumps(runs)) == runs
+
+
+def test_a_run_that_requires_grad_is_written_as_data() -> None:
+    chunks = {f"t{i}": torch.full((4,), float(i), requires_grad=True) for i in range(3)}
+    total, runs = pack_runs(chunks)
+    buf = bytearray(total)
+    write_runs(memoryview(buf), chunks, runs)
+    back = unpack_runs(buf, runs)
+    assert [t.tolist() for t in back.values()] == [[0.0] * 4, [1.0] * 4, [2.0] * 4]
+    assert not any(t.requires_grad for t in back.values())
+
+
+@pytest.mark.parametrize(
+    ("run", "match"),
+    [
+        (TensorRun(("t0", "t1", "t2"), (2,), "torch.int64", "cpu", 0, 16), "outside"),  # 48 bytes > 40
+        (TensorRun(("t0", "t1", "t0"), (2,), "torch.int64", "cpu", 0, 8), "size"),
+        (TensorRun(("t0", "t1"), (1,), "torch.int64", "cpu", 0, 8), None),  # fits: the control case
+        (TensorRun(("t0", "t0"), (1,), "torch.int64", "cpu", 0, 8), "duplicate"),
+        (TensorRun((), (1,), "torch.int64", "cpu", 0, 8), "no tensor"),
+        (TensorRun(("t0",), (-1,), "torch.int64", "cpu", 0, -8), "negative"),
+        (TensorRun(("t0", "t1"), (1,), "torch.int64", "cpu", 4, 8), "misaligned"),
+    ],
+)
+def test_a_received_run_is_checked_whole(run: TensorRun, match: str | None) -> None:
+    # An inline header carries runs as the sender wrote them: a hostile run gets a LayoutError,
+    # never a view past the buffer or a tensor that overwrites another's path.
+    if match is None:
+        assert list(unpack_runs(bytes(40), [run])) == ["t0", "t1"]
+        return
+    with pytest.raises(LayoutError, match=match):
+        unpack_runs(bytes(40), [run])
 
 
 def test_a_run_in_a_misaligned_byte_tensor_is_a_layout_error() -> None:
