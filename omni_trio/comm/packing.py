@@ -139,6 +139,8 @@ def describe_path(path: Path) -> str:
 #: ``str(dtype)`` of each supported dtype, keyed by the dtype itself: a dict lookup per tensor.
 _DTYPE_NAMES: Mapping[torch.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
 
+_CPU = torch.device("cpu")
+
 
 def _check_tensor(tensor: torch.Tensor, place: Any, describe: Callable[[Any], str]) -> str:
     """Validate a tensor for the data plane; return its dtype string. ``describe(place)`` words its
@@ -414,12 +416,12 @@ def write_runs(buffer: memoryview, tensors: Mapping[str, torch.Tensor], runs: It
     """Copy each tensor's bytes into ``buffer`` where its run puts it.
 
     ``buffer`` must be writable and at least as long as the layout (e.g. a
-    memoryview of an mmap). Each destination slice is viewed as a tensor of
-    the source's dtype and shape and filled with one ``copy_`` (a run of
-    several tensors with one ``torch.stack``), so non-contiguous sources and
-    device-to-host copies need no intermediate buffer. All views of
-    ``buffer`` are dropped before returning, so the caller can close its mmap
-    right after.
+    memoryview of an mmap). Each run's destination is viewed as a tensor of
+    its dtype (``torch.frombuffer`` at the run's offset) and filled with one
+    ``copy_`` (a run of several tensors with one ``torch.stack``), so
+    non-contiguous sources and device-to-host copies need no intermediate
+    buffer. All views of ``buffer`` are dropped before returning, so the
+    caller can close its mmap right after.
     """
     if buffer.readonly:
         raise ValueError("write_packed needs a writable buffer")
@@ -433,11 +435,16 @@ def write_runs(buffer: memoryview, tensors: Mapping[str, torch.Tensor], runs: It
         count = len(run.paths)
         dest = torch.frombuffer(buffer, dtype=dtype, count=run.size // dtype.itemsize * count, offset=run.offset)
         try:
-            with torch.no_grad():  # a source that requires grad is copied as data (no detach per tensor)
-                if count == 1:
-                    source = tensors[run.paths[0]]
-                    dest.view(source.shape).copy_(source)
-                else:
+            if count == 1:
+                # One small chunk is written while the caches are cold (it comes alone, between idle
+                # waits), where each torch call or context manager costs microseconds: a tensor that
+                # requires grad is detached only then, and the destination is viewed only if it must be.
+                source = tensors[run.paths[0]]
+                if source.requires_grad:
+                    source = source.detach()
+                (dest if source.dim() == 1 else dest.view(source.shape)).copy_(source)
+            else:
+                with torch.no_grad():  # a source that requires grad is copied as data (no detach per tensor)
                     torch.stack([tensors[path] for path in run.paths], out=dest.view(count, *run.shape))
         finally:
             # torch.frombuffer keeps a reference to ``buffer`` but no buffer
@@ -451,20 +458,36 @@ def _named(run: TensorRun) -> str:
     return repr(run.paths[0]) if len(run.paths) == 1 else f"{run.paths[0]!r}..{run.paths[-1]!r}"
 
 
-def _as_byte_tensor(buffer: memoryview | bytes | bytearray | torch.Tensor) -> torch.Tensor:
+def _byte_source(buffer: memoryview | bytes | bytearray | torch.Tensor) -> tuple[torch.Tensor | memoryview, int]:
+    """What the runs are viewed in (a uint8 tensor, or a writable byte memoryview) and its length."""
     if isinstance(buffer, torch.Tensor):
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
             raise LayoutError("a tensor buffer must be a contiguous 1-D uint8 tensor")
-        return buffer
+        return buffer, buffer.numel()
     view = memoryview(buffer)
-    if view.nbytes == 0:
-        return torch.empty(0, dtype=torch.uint8)
     if view.readonly:
         # torch.frombuffer on read-only memory warns and would hand out
         # tensors that must not be written; copy once into owned memory.
         view = memoryview(bytearray(view))
-    # Zero-copy: the tensors keep ``view`` (and through it the buffer) alive.
-    return torch.frombuffer(view.cast("B"), dtype=torch.uint8)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view, view.nbytes
+
+
+def _view_run(source: torch.Tensor | memoryview, run: TensorRun, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The tensors of a non-empty, checked run: views of ``source`` (zero-copy)."""
+    count = len(run.paths)
+    if isinstance(source, torch.Tensor):
+        try:
+            flat = source[run.offset : run.end].view(dtype)
+        except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
+            raise LayoutError(f"tensors {_named(run)}: {exc}") from None
+    else:
+        # One call straight to the run's typed elements (the tensors keep ``source`` alive).
+        flat = torch.frombuffer(source, dtype=dtype, count=(run.end - run.offset) // dtype.itemsize, offset=run.offset)
+    if count == 1:
+        return (flat if len(run.shape) == 1 else flat.view(run.shape),)
+    return flat.view(count, *run.shape).unbind(0)
 
 
 def _receiver_device(source: str, received: torch.device, accelerator: torch.device | None) -> torch.device | None:
@@ -499,9 +522,9 @@ def unpack_runs(
 ) -> dict[str, torch.Tensor]:
     """Rebuild ``{path: tensor}`` from a packed buffer.
 
-    The tensors are views of one byte tensor wrapping ``buffer`` (a writable
-    memoryview or a uint8 tensor is used in place; read-only bytes are copied
-    once); a run is one slice and one ``unbind``. Never pass a memoryview of
+    The tensors are views of ``buffer`` (a writable memoryview or a uint8
+    tensor is used in place; read-only bytes are copied once); a run is one
+    typed view and one ``unbind``. Never pass a memoryview of
     an mmap you will close explicitly: torch keeps a reference to the
     memoryview but no buffer export, so the close succeeds and the tensors
     dangle. Copy the mapping into ``torch.empty(n, dtype=torch.uint8)``
@@ -517,43 +540,39 @@ def unpack_runs(
     (every tensor of it is checked: a run's bounds are those of its last),
     UnsupportedDtype for an unknown dtype.
     """
-    base = _as_byte_tensor(buffer)
-    length = base.numel()
+    source, length = _byte_source(buffer)
     target = torch.device(accelerator) if accelerator is not None else None
     out: dict[str, torch.Tensor] = {}
     for run in runs:
-        _check_run(run, length)
-        count = len(run.paths)
-        dtype = dtype_from_str(run.dtype)
+        dtype = _check_run(run, length)
         pieces: Iterable[torch.Tensor]
         if run.size == 0:
-            pieces = [torch.empty(run.shape, dtype=dtype, device=base.device) for _ in run.paths]
+            here = source.device if isinstance(source, torch.Tensor) else _CPU
+            pieces = [torch.empty(run.shape, dtype=dtype, device=here) for _ in run.paths]
         else:
-            shape = run.shape if count == 1 else (count, *run.shape)
+            pieces = _view_run(source, run, dtype)
+        if run.device != "cpu":
+            received = source.device if isinstance(source, torch.Tensor) else _CPU
             try:
-                viewed = base[run.offset : run.end].view(dtype).view(shape)
-            except RuntimeError as exc:  # e.g. a caller's uint8 tensor at an odd storage offset
-                raise LayoutError(f"tensors {_named(run)}: {exc}") from None
-            pieces = (viewed,) if count == 1 else viewed.unbind(0)
-        try:
-            device = None if run.device == "cpu" else _receiver_device(run.device, base.device, target)
-        except RuntimeError as exc:  # torch.device() of a malformed device string
-            raise LayoutError(f"tensors {_named(run)}: bad device {run.device!r}") from exc
-        if device is not None:
-            pieces = [piece.to(device) for piece in pieces]
+                device = _receiver_device(run.device, received, target)
+            except RuntimeError as exc:  # torch.device() of a malformed device string
+                raise LayoutError(f"tensors {_named(run)}: bad device {run.device!r}") from exc
+            if device is not None:
+                pieces = [piece.to(device) for piece in pieces]
         before = len(out)
         out.update(zip(run.paths, pieces, strict=True))
-        if len(out) - before != count:
+        if len(out) - before != len(run.paths):
             raise LayoutError(f"duplicate tensor path among {_named(run)}")
     return out
 
 
-def _check_run(run: TensorRun, length: int) -> None:
-    """Raise LayoutError unless ``run`` describes tensors inside a buffer of ``length`` bytes."""
+def _check_run(run: TensorRun, length: int) -> torch.dtype:
+    """Raise LayoutError unless ``run`` describes tensors inside a buffer of ``length`` bytes; its dtype."""
     if not run.paths:
         raise LayoutError("a tensor run names no tensor")
-    elem = dtype_from_str(run.dtype).itemsize
-    if any(d < 0 for d in run.shape):
+    dtype = dtype_from_str(run.dtype)
+    elem = dtype.itemsize
+    if min(run.shape, default=0) < 0:
         raise LayoutError(f"tensors {_named(run)} have a negative dimension {run.shape}")
     if run.size != math.prod(run.shape) * elem:
         raise LayoutError(f"tensors {_named(run)}: size {run.size} != {math.prod(run.shape)} x {elem} bytes")
@@ -561,6 +580,7 @@ def _check_run(run: TensorRun, length: int) -> None:
         raise LayoutError(
             f"tensors {_named(run)} [{run.offset}, {run.end}) are misaligned or outside a buffer of {length} bytes"
         )
+    return dtype
 
 
 def restore(obj: object, tensors: Mapping[str, torch.Tensor], *, partial: bool = False) -> object:

@@ -277,6 +277,22 @@ def test_a_stream_of_small_chunks_is_packed_and_viewed_run_by_run() -> None:
     assert buf[:8].view(torch.int64).item() == 99 and out["t1"][0].item() == 1
 
 
+def test_tensors_unpacked_from_memory_are_views_of_it() -> None:
+    # A run is viewed straight in the caller's memory, whatever its memoryview's format.
+    tensors = {"t0": torch.arange(6).reshape(2, 3), "t1": torch.tensor(7), "t2": torch.arange(4)}
+    total, runs = pack_runs(tensors)
+    buf = bytearray(total)
+    write_runs(memoryview(buf), tensors, runs)
+    as_words = memoryview(buf).cast("B").cast("Q", (total // 8,))  # 8-byte items, as numpy would expose them
+    for source in (memoryview(buf), as_words):
+        out = unpack_runs(source, runs)
+        assert all(torch.equal(out[path], tensors[path]) for path in tensors)
+        assert out["t1"].shape == () and out["t0"].shape == (2, 3)
+    out = unpack_runs(memoryview(buf), runs)
+    out["t2"][0] = 99
+    assert unpack_runs(buf, runs)["t2"][0].item() == 99
+
+
 def test_unpack_checks_every_entry_of_a_run() -> None:
     def chunk(path: str, offset: int) -> TensorEntry:
         return TensorEntry(path=path, shape=(2,), dtype="torch.int64", device="cpu", offset=offset, size=16)
