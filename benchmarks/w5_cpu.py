@@ -4,13 +4,15 @@ Run: ``python benchmarks/w5_cpu.py [--requests N] [--chunks C]`` (from the repos
 venv). Starts the bench's W5 pipeline (a talker streaming ``C`` small int64 chunks to a forwarding
 vocoder in another process, which forwards them to the caller), streams 3 warm-up requests, then ``N``
 sequential ones, and prints the wall time per request next to the CPU time per request of the caller
-and of each worker (utime + stime from ``/proc/<pid>/stat``, all threads and the kernel's work for it).
+and of each worker (utime + stime from ``/proc/<pid>/stat``, all threads and the kernel's work for it),
+and the time to each request's first chunk (p10 / p50 / p90).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import trio
@@ -23,10 +25,16 @@ from omni_trio.bench_stages import stream_config
 async def measure(requests: int, chunks: int) -> None:
     """Print wall and per-process CPU milliseconds per request of ``requests`` sequential W5 requests."""
 
-    async def one(pipeline: ot.Coordinator, request_id: str) -> None:
+    firsts: list[float] = []
+
+    async def one(pipeline: ot.Coordinator, request_id: str) -> float:
+        """Stream one request; the milliseconds to its first chunk."""
+        start = time.perf_counter()
+        first = 0.0
         async with pipeline.stream(request_id, "x", params={"chunks": chunks}) as events:
             async for _ in events:
-                pass
+                first = first or (time.perf_counter() - start) * 1e3
+        return first
 
     with trio.fail_after(120 + requests * chunks / 1000):
         async with ot.open_pipeline(stream_config(chunks)) as pipeline:
@@ -36,15 +44,17 @@ async def measure(requests: int, chunks: int) -> None:
             before = {pid: proc_cpu_ticks(pid) for pid in pids}
             start = time.perf_counter()
             for i in range(requests):
-                await one(pipeline, f"r{i}")
+                firsts.append(await one(pipeline, f"r{i}"))
             wall = time.perf_counter() - start
             after = {pid: proc_cpu_ticks(pid) for pid in pids}
     tick = os.sysconf("SC_CLK_TCK")
     per_request = {pid: (after[pid] - before[pid]) / tick / requests * 1e3 for pid in pids}
     busy = [round(ms, 1) for ms in per_request.values() if ms > 0]  # the template process does nothing
+    tenths = statistics.quantiles(firsts, n=10) if len(firsts) > 1 else firsts * 9
     print(
         f"wall {wall / requests * 1e3:.1f} ms per request of {chunks} chunks; CPU per request "
-        f"(caller, workers) {busy} ms, together {sum(per_request.values()):.1f} ms"
+        f"(caller, workers) {busy} ms, together {sum(per_request.values()):.1f} ms; first chunk "
+        f"p10 {tenths[0]:.2f} / p50 {statistics.median(firsts):.2f} / p90 {tenths[-1]:.2f} ms"
     )
 
 
