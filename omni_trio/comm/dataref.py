@@ -10,7 +10,7 @@ dtypes), so the unpacking code can trust what it gets. Anything wrong raises
 Layouts:
 
 * ``packed_tensors`` (payloads, chunks with metadata tensors): ``header``
-  (pickled object with :class:`~omni_trio.comm.packing.TensorPlaceholder`)
+  (pickled object with :class:`~omni_trio.comm.tensor_walk.TensorPlaceholder`)
   plus ``tensors`` entries into one buffer. A chunk and its metadata tensors
   are packed into one buffer = one transfer = one credit (SPEC §9 item 6).
 * ``raw_tensor`` (a single tensor): ``shape``/``dtype``/``device``/``offset``.

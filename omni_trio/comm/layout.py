@@ -1,4 +1,4 @@
-"""The torch-free description of packed tensors, shared by sender and receiver.
+"""The torch-free description of packed tensors, shared by sender and receiver, and its error.
 
 Kept apart from :mod:`omni_trio.comm.packing` so that control-plane code
 (DataRef validation) never imports torch: a worker whose stages never touch
@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import attrs
+
+from omni_trio.errors import OmniTrioError
 
 #: Bytes per element of each dtype that may cross the data plane, keyed by
 #: ``str(dtype)`` (the wire form, ``"torch.float32"``).
@@ -27,6 +29,14 @@ ELEMENT_SIZES: dict[str, int] = {
     "torch.complex64": 8,
     "torch.complex128": 16,
 }
+
+
+class LayoutError(OmniTrioError, ValueError):
+    """A packed layout does not fit its buffer or is inconsistent.
+
+    Raised on the receiving side (bad or hostile metadata); the stage turns it
+    into a failure ACK for that transfer.
+    """
 
 
 def _shape_tuple(value: Iterable[int]) -> tuple[int, ...]:

@@ -94,7 +94,8 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
     import torch
 
     # The same device restore as a shared-memory transfer's (SPEC §8.5).
-    from omni_trio.comm.packing import _receiver_device, dtype_from_str
+    from omni_trio.comm.dtypes import dtype_from_str
+    from omni_trio.comm.packing import receiver_device
 
     tensors: dict[str, Any] = {}
     for entry, frame in zip(entries, frames, strict=True):
@@ -107,7 +108,7 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.frombuffer(frame, dtype=torch.uint8)
         tensor = raw.view(dtype).reshape(entry.shape)
-        device = _receiver_device(entry.device, tensor.device, None)
+        device = receiver_device(entry.device, tensor.device, None)
         tensors[entry.path] = tensor if device is None else tensor.to(device)
     return tensors
 

@@ -110,7 +110,7 @@ def _unwrap(header: Any, tensors: Mapping[str, torch.Tensor] | None) -> Any:
     """The object a header stands for, with ``tensors`` (None: inline, already in it) put back."""
     parts = header.parts if isinstance(header, _PayloadParts) else header
     if tensors is not None:
-        from omni_trio.comm.packing import restore
+        from omni_trio.comm.tensor_walk import restore
 
         parts = restore(parts, tensors)
     return header.payload(parts) if isinstance(header, _PayloadParts) else parts
@@ -122,7 +122,7 @@ def _split(obj: object) -> tuple[Callable[[Any], Any], object, dict[str, torch.T
     if "torch" not in sys.modules:
         # No tensor can exist in a process that never imported torch: skip the walk.
         return wrap, walkable, {}
-    from omni_trio.comm.packing import extract_tensors
+    from omni_trio.comm.tensor_walk import extract_tensors
 
     stripped, tensors = extract_tensors(walkable)
     return wrap, stripped, tensors
@@ -131,12 +131,12 @@ def _split(obj: object) -> tuple[Callable[[Any], Any], object, dict[str, torch.T
 def tensor_bytes(obj: object) -> int:
     """The bytes of the tensors ``obj`` carries (what a trace's ``bytes`` reports; 0 for none).
 
-    Counted without extracting them (:func:`~omni_trio.comm.packing.tensor_nbytes`): in-process
+    Counted without extracting them (:func:`~omni_trio.comm.tensor_walk.tensor_nbytes`): in-process
     edges count every payload they hand over, and nothing else walks it there.
     """
     if "torch" not in sys.modules:
         return 0  # no tensor can exist in a process that never imported torch
-    count = _packing().tensor_nbytes
+    count = _tensor_walk().tensor_nbytes
     if isinstance(obj, StagePayload):
         request = obj.request
         return count((request.inputs, request.params, request.metadata, obj.data))
@@ -144,12 +144,12 @@ def tensor_bytes(obj: object) -> int:
 
 
 @functools.cache
-def _packing() -> ModuleType:
-    """:mod:`omni_trio.comm.packing`, imported on first use (it imports torch) and then cached:
+def _tensor_walk() -> ModuleType:
+    """:mod:`omni_trio.comm.tensor_walk`, imported on first use (it imports torch) and then cached:
     an import statement run on every call costs a third of the count itself."""
-    from omni_trio.comm import packing
+    from omni_trio.comm import tensor_walk
 
-    return packing
+    return tensor_walk
 
 
 def _inline_ref(
@@ -245,7 +245,7 @@ async def encode_object(
         put, plan = lent
         entries = plan.entries
         if plan.extras:
-            from omni_trio.comm.packing import restore
+            from omni_trio.comm.tensor_walk import restore
 
             # The few tensors outside the slot are pickled with the header (at most 16 KiB of them).
             stripped = restore(stripped, plan.extras, partial=True)

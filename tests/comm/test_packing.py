@@ -1,4 +1,4 @@
-"""extract_tensors / pack_tensors / write_packed / unpack_tensors / restore."""
+"""Finding a payload's tensors and putting them back (tensor_walk), and packing their bytes (packing)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,18 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from omni_trio.comm.dtypes import SUPPORTED_DTYPES, UnsupportedDtype, UnsupportedTensor
+from omni_trio.comm.layout import LayoutError, TensorEntry, TensorRun
 from omni_trio.comm.packing import (
-    SUPPORTED_DTYPES,
-    LayoutError,
-    TensorEntry,
-    TensorPlaceholder,
-    TensorRun,
-    UnsupportedDtype,
-    UnsupportedTensor,
-    extract_tensors,
     pack_runs,
     pack_tensors,
-    restore,
     runs_of,
     unpack_runs,
     unpack_tensors,
     write_packed,
     write_runs,
 )
+from omni_trio.comm.tensor_walk import TensorPlaceholder, extract_tensors, restore
 
 
 class Point(NamedTuple):

@@ -15,9 +15,10 @@ import trio
 import trio.testing
 
 from omni_trio.comm.oneshot import read_segment
-from omni_trio.comm.packing import extract_tensors, pack_tensors, restore, unpack_tensors, write_packed
+from omni_trio.comm.packing import pack_tensors, unpack_tensors, write_packed
 from omni_trio.comm.segments import OFF_THREAD_BYTES, SHM_DIR, SegmentNotFound, remove_segments
 from omni_trio.comm.shm import ShmPut, ShmRelay, TransferTooLarge
+from omni_trio.comm.tensor_walk import extract_tensors, restore
 from tests.comm.helpers import copy_out
 
 REPO = Path(__file__).resolve().parents[2]

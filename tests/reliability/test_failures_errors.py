@@ -12,7 +12,8 @@ import torch
 import trio
 
 import omni_trio as ot
-from omni_trio.comm.packing import LayoutError, UnsupportedDtype, UnsupportedTensor
+from omni_trio.comm.dtypes import UnsupportedDtype, UnsupportedTensor
+from omni_trio.comm.layout import LayoutError
 from omni_trio.comm.segments import SegmentNotFound, ShmError
 from omni_trio.comm.shm import TransferTooLarge
 from omni_trio.control.zmq_trio import EndpointPathTooLong
