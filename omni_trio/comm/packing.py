@@ -149,11 +149,12 @@ def write_runs(buffer: memoryview, tensors: Mapping[str, torch.Tensor], runs: It
             if count == 1:
                 # One small chunk is written while the caches are cold (it comes alone, between idle
                 # waits), where each torch call or context manager costs microseconds: a tensor that
-                # requires grad is detached only then, and the destination is viewed only if it must be.
+                # requires grad is detached only then, and the destination is viewed only if its shape
+                # differs (a view, unlike copy_, refuses a tensor that no longer fits the run).
                 source = tensors[run.paths[0]]
                 if source.requires_grad:
                     source = source.detach()
-                (dest if source.dim() == 1 else dest.view(source.shape)).copy_(source)
+                (dest if source.shape == dest.shape else dest.view(source.shape)).copy_(source)
             else:
                 with torch.no_grad():  # a source that requires grad is copied as data (no detach per tensor)
                     torch.stack([tensors[path] for path in run.paths], out=dest.view(count, *run.shape))

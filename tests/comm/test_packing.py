@@ -440,3 +440,13 @@ def test_write_packed_needs_a_writable_buffer() -> None:
     _, entries = pack_tensors(tensors)
     with pytest.raises(ValueError, match="writable"):
         write_packed(memoryview(bytes(8)), tensors, entries)
+
+
+def test_a_tensor_that_no_longer_fits_its_layout_is_refused_not_broadcast() -> None:
+    # The layout is computed before a shared-memory put waits for its credit; a tensor resized in
+    # place meanwhile must fail the write, not be spread over the bytes its layout promised.
+    tensors = {"t0": torch.arange(8)}
+    total, runs = pack_runs(tensors)
+    tensors["t0"].resize_(1)
+    with pytest.raises(RuntimeError):
+        write_runs(memoryview(bytearray(total)), tensors, runs)
