@@ -253,20 +253,19 @@ def unpack_runs(
     UnsupportedDtype for an unknown dtype.
     """
     source, length = _byte_source(buffer)
+    here = source.device if isinstance(source, torch.Tensor) else _CPU  # where the viewed tensors are
     target = torch.device(accelerator) if accelerator is not None else None
     out: dict[str, torch.Tensor] = {}
     for run in runs:
         dtype = _check_run(run, length)
         pieces: Iterable[torch.Tensor]
         if run.size == 0:
-            here = source.device if isinstance(source, torch.Tensor) else _CPU
             pieces = [torch.empty(run.shape, dtype=dtype, device=here) for _ in run.paths]
         else:
             pieces = _view_run(source, run, dtype)
         if run.device != "cpu":
-            received = source.device if isinstance(source, torch.Tensor) else _CPU
             try:
-                device = receiver_device(run.device, received, target)
+                device = receiver_device(run.device, here, target)
             except RuntimeError as exc:  # torch.device() of a malformed device string
                 raise LayoutError(f"tensors {_named(run)}: bad device {run.device!r}") from exc
             if device is not None:
