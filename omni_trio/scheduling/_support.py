@@ -202,8 +202,9 @@ class BatchWindow:
         """The next queued message; when none is queued, wait for one while the window is open.
 
         Returns None when the batch is complete: nothing queued and the window
-        unarmed or over. This is the one timed wait of the schedulers: a real
-        deadline, not a poll.
+        unarmed or over. This and the outbox's first-chunk hand-over
+        (:class:`~omni_trio.scheduling.outbox.Outbox`) are the schedulers'
+        timed waits: real deadlines, not polls.
         """
         message = take_nowait()
         if message is not None or self._deadline is None:

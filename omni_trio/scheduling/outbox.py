@@ -18,14 +18,26 @@ Only ``stream`` messages put from another thread than the stage's event
 loop ever wait: results, errors and the runtime's ``wakeup`` sentinel never
 do, nor anything put on the loop (inline compute), and once the stage stops
 (:meth:`Outbox.stop_blocking`) no put waits any more.
+
+A stream's first chunk is handed over: when a scheduler thread's ``put`` of a
+``stream`` message wakes the idle stage, and it is the first time that
+request's stream does, the put returns only once the stage's drain has sent
+that message (:meth:`Outbox.batch_sent`), or after one GIL switch interval
+(``sys.getswitchinterval()``, 5 ms by default) at most. A producer that went
+on at once would keep the GIL from the drain that must encode and send the
+chunk; the drain would get it back at the next switch interval, or by luck
+sooner, while the first chunk waits. The pause comes at most once per
+request, so the rest of the stream runs at the producer's pace.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from omni_trio.idset import BoundedIdSet
 from omni_trio.scheduling.protocol import OutgoingMessage
@@ -33,6 +45,14 @@ from omni_trio.scheduling.protocol import OutgoingMessage
 
 def _is_stream(item: object) -> bool:
     return getattr(item, "type", None) == "stream"
+
+
+class _Handover(NamedTuple):
+    """A scheduler thread's put that woke the idle drain with a request's first chunk: it waits for the send."""
+
+    thread: int
+    request_id: str
+    sent: threading.Event
 
 
 class Outbox(queue.Queue[OutgoingMessage]):
@@ -62,6 +82,8 @@ class Outbox(queue.Queue[OutgoingMessage]):
         self._loop_thread: int | None = None  # the stage's event loop: its puts never wait
         self._blocking = True
         self._retired = BoundedIdSet()  # requests the stage dropped: their stream puts never wait
+        self._handed_over = BoundedIdSet()  # requests whose stream woke the drain once: no more pauses
+        self._handover: _Handover | None = None
 
     @property
     def queued_streams(self) -> int:
@@ -80,12 +102,35 @@ class Outbox(queue.Queue[OutgoingMessage]):
         with self.mutex:
             self._blocking = False
             self.not_full.notify_all()
+            self._end_handover(None)
+
+    def batch_sent(self) -> None:
+        """The drain sent the batch it took last: a put waiting for its first chunk to leave returns."""
+        with self.mutex:
+            self._end_handover(None)
+
+    def _end_handover(self, request_id: str | None) -> None:
+        # With self.mutex held: release the waiting put (only if it is ``request_id``'s, when given).
+        handover = self._handover
+        if handover is not None and request_id in (None, handover.request_id):
+            self._handover = None
+            handover.sent.set()
 
     def put(self, item: OutgoingMessage, block: bool = True, timeout: float | None = None) -> None:
-        """Queue ``item``; a ``stream`` message past ``max_queued_streams`` waits for room (see the class)."""
+        """Queue ``item``; a ``stream`` message past ``max_queued_streams`` waits for room, and a request's
+        first chunk that woke the idle drain waits until it was sent (see the module)."""
         if self.max_queued_streams is None or not _is_stream(item) or threading.get_ident() == self._loop_thread:
             super().put(item, block, timeout)
-            return
+        else:
+            self._put_bounded(item, block, timeout)
+        handover = self._handover
+        if handover is not None and handover.thread == threading.get_ident():
+            handover.sent.wait(sys.getswitchinterval())
+            with self.mutex:
+                if self._handover is handover:
+                    self._handover = None
+
+    def _put_bounded(self, item: OutgoingMessage, block: bool, timeout: float | None) -> None:
         with self.not_full:
             if not block:
                 if not self._has_room(item):
@@ -124,6 +169,13 @@ class Outbox(queue.Queue[OutgoingMessage]):
             self._streams += 1
         on_put, self._on_put = self._on_put, None
         if on_put is not None:
+            if (
+                _is_stream(item)
+                and item.request_id not in self._handed_over
+                and threading.get_ident() != self._loop_thread
+            ):
+                self._handed_over.add(item.request_id)
+                self._handover = _Handover(threading.get_ident(), item.request_id, threading.Event())
             on_put()
 
     def _get(self) -> OutgoingMessage:
@@ -152,6 +204,7 @@ class Outbox(queue.Queue[OutgoingMessage]):
         too. Returns how many were queued."""
         with self.mutex:
             self._retired.add(request_id)
+            self._end_handover(request_id)
             kept = [item for item in self.queue if not (_is_stream(item) and item.request_id == request_id)]
             removed = len(self.queue) - len(kept)
             if removed:

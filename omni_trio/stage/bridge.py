@@ -10,7 +10,10 @@ never block. Two crossings, neither of which polls:
   an :func:`outbox_source`, except that the first message after the outbox
   was empty comes alone: it is sent at once (the first chunk of a stream
   does not wait for its run to be encoded), and what the scheduler puts
-  while it is in flight coalesces into the next batch. For an
+  while it is in flight coalesces into the next batch. After each batch the
+  drain says it was sent (``sent()``): a scheduler thread whose put of a
+  stream's first chunk woke the drain waits for that, so that it does not
+  keep the GIL from the drain meanwhile (see ``Outbox``). For an
   :class:`~omni_trio.scheduling.Outbox`
   (every built-in scheduler's) an :class:`OutboxWaiter`, which takes what is
   queued and otherwise arms the outbox to wake it on the next ``put`` (from a
@@ -110,6 +113,9 @@ class OutboxSource(Protocol):
         """The next 1..64 messages, in outbox order; waits (without polling) while there are none."""
         ...
 
+    def sent(self) -> None:
+        """The batch :meth:`next_batch` returned last has been sent."""
+
     def close(self) -> None:
         """Nobody drains any more: release whatever waits on the source."""
 
@@ -193,6 +199,10 @@ class OutboxWaiter:
             # kept the GIL queued more meanwhile; those coalesce into the next batch while it is sent.
             limit = 1
 
+    def sent(self) -> None:
+        """Let a scheduler thread waiting for its stream's first chunk to leave go on (see ``Outbox``)."""
+        self._outbox.batch_sent()
+
     def _wake(self, arrived: trio.Event | None) -> None:
         # Runs on the putting thread, inside the outbox's lock: never block here.
         on_loop = threading.get_ident() == self._trio_thread
@@ -231,6 +241,9 @@ class OutboxPump:
         batch = await self._batches.receive()
         self._permits.release()
         return batch
+
+    def sent(self) -> None:
+        """Nothing waits for a send: a plain queue's put returns at once."""
 
     def close(self) -> None:
         """Nobody drains any more: let the pump thread finish instead of waiting for a slot."""

@@ -497,6 +497,7 @@ class Stage:
                 # ot.empty tensor's slot, for one) is freed as soon as it is sent.
                 if await self._outbound.handle_batch(await source.next_batch()):
                     return
+                source.sent()
                 # Let co-located stages run between batches (SPEC §3.4).
                 await trio.lowlevel.checkpoint()
         finally:

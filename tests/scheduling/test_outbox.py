@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -171,3 +173,96 @@ def test_the_bound_is_validated() -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="max_queued_streams"):
             Outbox(max_queued_streams=bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- the first chunk's hand-over
+
+
+@pytest.fixture
+def long_switch_interval() -> Iterator[None]:
+    """A GIL switch interval longer than the test: a handed-over put waits for the drain, not the clock."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def arm(outbox: Outbox) -> None:
+    """Stand for the idle drain: it found the outbox empty and armed it."""
+    assert outbox.take_or_arm(64, lambda: None) == []
+
+
+def test_a_first_chunk_that_wakes_the_idle_drain_waits_until_it_was_sent(long_switch_interval: None) -> None:
+    outbox = Outbox()
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("a", 0))
+    assert not done.wait(0.05)  # queued, and its producer waits for the send
+    assert [m.data for m in outbox.take_or_arm(64, lambda: None)] == [0]
+    assert not done.wait(0.05)  # taken is not sent
+    outbox.batch_sent()
+    thread.join(timeout=5)
+    assert done.is_set()
+    # Once per request: its later chunks never wait, even when they wake the idle drain again.
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("a", 1))
+    thread.join(timeout=5)
+    assert done.is_set()
+    # Another request's first chunk is handed over in its turn.
+    assert [m.data for m in outbox.take_or_arm(64, lambda: None)] == [1]
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("b", 0))
+    assert not done.wait(0.05)
+    outbox.batch_sent()
+    thread.join(timeout=5)
+    assert done.is_set()
+
+
+def test_only_a_threads_stream_put_that_wakes_the_drain_is_handed_over(long_switch_interval: None) -> None:
+    outbox = Outbox()
+    # The drain is busy (not armed): nothing to hand over to.
+    thread, done = put_in_thread(outbox, chunk("a", 0))
+    thread.join(timeout=5)
+    assert done.is_set()
+    outbox.take_or_arm(64, lambda: None)
+    # A result wakes the drain without waiting.
+    arm(outbox)
+    thread, done = put_in_thread(outbox, out("b"))
+    thread.join(timeout=5)
+    assert done.is_set()
+    outbox.take_or_arm(64, lambda: None)
+    # A put on the stage's own loop never waits (the drain could not run meanwhile).
+    outbox.attach(threading.get_ident())
+    arm(outbox)
+    outbox.put(chunk("c", 0))
+    assert outbox.queued_streams == 1
+
+
+def test_a_handed_over_put_ends_when_the_stage_stops_or_drops_the_request(long_switch_interval: None) -> None:
+    outbox = Outbox()
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("a", 0))
+    assert not done.wait(0.05)
+    outbox.discard_streams("b")  # another request's retirement does not end it
+    assert not done.wait(0.05)
+    outbox.discard_streams("a")
+    thread.join(timeout=5)
+    assert done.is_set()
+    outbox.take_or_arm(64, lambda: None)
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("c", 0))
+    assert not done.wait(0.05)
+    outbox.stop_blocking()
+    thread.join(timeout=5)
+    assert done.is_set()
+
+
+def test_a_handed_over_put_waits_one_switch_interval_at_most() -> None:
+    # The GIL would let the drain run by then anyway; a drain that never says "sent" cannot hold the producer.
+    outbox = Outbox()
+    arm(outbox)
+    thread, done = put_in_thread(outbox, chunk("a", 0))
+    thread.join(timeout=5)
+    assert done.is_set()
+    assert outbox.queued_streams == 1
