@@ -11,7 +11,8 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   buffer and of ``clone()``; the ``empty_`` metrics are the same with a source that builds its
   output with ``ot.empty`` (the opt-in zero-copy path, an extra column).
 - ``W5``: a talker streams small int64 chunks to a streaming vocoder in another process that
-  forwards each one to the caller: chunks/s and time to first chunk.
+  forwards each one to the caller: chunks/s and time to first chunk, medians of 20 requests of
+  1000 chunks (``bench_measure.W5_REQUESTS``) after one of warm-up.
 - ``W6``: split -> (upper, count) -> join, a process each: latency.
 - ``W7``: the 4-stage chain with every stage in one worker process: latency.
 - ``W8``: start-up and shutdown time of the 4-stage chain.

@@ -8,7 +8,12 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks"]
+__all__ = ["W5_REQUESTS", "copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks"]
+
+#: W5's timed requests after its warm-up, on either runtime (``--quick``: 2). Its throughput and its
+#: first chunk are medians over them; a first chunk swings by a millisecond from request to request,
+#: so a median of 5 moved by as much from run to run.
+W5_REQUESTS = 20
 
 
 def percentiles_ms(samples_s: list[float]) -> dict[str, float]:

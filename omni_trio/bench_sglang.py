@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_trio.bench_measure import copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
+from omni_trio.bench_measure import W5_REQUESTS, copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
 
 SGLANG_OMNI_VERSION = "0.1.9"
 ROOT = Path(__file__).resolve().parent.parent
@@ -577,7 +577,7 @@ async def w5(q: bool) -> dict[str, float]:
     from sglang_omni.proto import StreamMessage
 
     chunks = 50 if q else 1000
-    runs = 2 if q else 5
+    runs = 2 if q else W5_REQUESTS
     rates, firsts = [], []
     async with _Runner(stream_config(chunks)) as coordinator:
         for i in range(-1, runs):  # run -1 is a warm-up

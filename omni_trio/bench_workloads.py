@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from omni_trio import bench_replicas as replica_bench
-from omni_trio.bench_measure import copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
+from omni_trio.bench_measure import W5_REQUESTS, copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
 from omni_trio.bench_stages import MB, chain_config, fanin_config, stream_config, tensor_config
 from omni_trio.config import PipelineConfig
 from omni_trio.coordinator import Coordinator
@@ -149,7 +149,7 @@ async def w4(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
 async def w5(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A talker streams small chunks to a forwarding vocoder in another process, which forwards them."""
     chunks = 50 if q else 1000
-    runs = 2 if q else 5
+    runs = 2 if q else W5_REQUESTS
     rates, firsts = [], []
     async with open_pipeline(config or stream_config(chunks)) as pipeline:
         for i in range(-1, runs):  # run -1 is a warm-up
