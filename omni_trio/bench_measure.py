@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
-__all__ = ["W5_REQUESTS", "copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks"]
+__all__ = ["W5_REQUESTS", "copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks", "time_streams"]
 
 #: W5's timed requests after its warm-up, on either runtime (``--quick``: 2). Its throughput and its
 #: first chunk are medians over them; a first chunk swings by a millisecond from request to request,
@@ -71,3 +74,36 @@ def copy_costs(numel: int, runs: int) -> tuple[float, float]:
         clones.append(time.perf_counter() - started)
         del c
     return statistics.median(copies), statistics.median(clones)
+
+
+async def time_streams(
+    open_stream: Callable[[str], AbstractAsyncContextManager[AsyncIterator[Any]]],
+    is_chunk: Callable[[Any], bool],
+    chunks: int,
+    runs: int,
+) -> dict[str, float]:
+    """W5's measurement, the same on either runtime (it awaits nothing of trio's or asyncio's own).
+
+    Streams one warm-up request and then ``runs`` more, one at a time, each opened with
+    ``open_stream(request_id)`` and expected to yield ``chunks`` events for which ``is_chunk`` holds;
+    returns the medians of their chunks per second and of the seconds to their first chunk (in ms).
+    """
+    rates, firsts = [], []
+    for i in range(-1, runs):  # run -1 is a warm-up
+        received = 0
+        first = None
+        started = time.perf_counter()
+        async with open_stream(f"r-{i}") as events:
+            async for event in events:
+                if is_chunk(event):
+                    if first is None:
+                        first = time.perf_counter() - started
+                    received += 1
+        elapsed = time.perf_counter() - started
+        if received != chunks:
+            raise RuntimeError(f"received {received} chunks, expected {chunks}")
+        if i >= 0 and first is not None:
+            rates.append(received / elapsed)
+            firsts.append(first)
+    return {"chunks_per_s": statistics.median(rates), "first_chunk_ms": statistics.median(firsts) * 1000,
+            "chunks_per_request": float(chunks)}

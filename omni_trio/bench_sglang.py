@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
@@ -38,7 +39,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_trio.bench_measure import W5_REQUESTS, copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
+from omni_trio.bench_measure import (
+    W5_REQUESTS,
+    copy_costs,
+    descendant_pids,
+    percentiles_ms,
+    proc_cpu_ticks,
+    time_streams,
+)
 
 SGLANG_OMNI_VERSION = "0.1.9"
 ROOT = Path(__file__).resolve().parent.parent
@@ -577,26 +585,13 @@ async def w5(q: bool) -> dict[str, float]:
     from sglang_omni.proto import StreamMessage
 
     chunks = 50 if q else 1000
-    runs = 2 if q else W5_REQUESTS
-    rates, firsts = [], []
     async with _Runner(stream_config(chunks)) as coordinator:
-        for i in range(-1, runs):  # run -1 is a warm-up
-            received = 0
-            first = None
-            started = time.perf_counter()
-            async for event in coordinator.stream(f"r-{i}", _request("x", chunks=chunks)):
-                if isinstance(event, StreamMessage):
-                    if first is None:
-                        first = time.perf_counter() - started
-                    received += 1
-            elapsed = time.perf_counter() - started
-            if received != chunks:
-                raise RuntimeError(f"received {received} chunks, expected {chunks}")
-            if i >= 0 and first is not None:
-                rates.append(received / elapsed)
-                firsts.append(first)
-    return {"chunks_per_s": statistics.median(rates), "first_chunk_ms": statistics.median(firsts) * 1000,
-            "chunks_per_request": float(chunks)}
+        return await time_streams(
+            lambda request_id: contextlib.aclosing(coordinator.stream(request_id, _request("x", chunks=chunks))),
+            lambda event: isinstance(event, StreamMessage),
+            chunks,
+            2 if q else W5_REQUESTS,
+        )
 
 
 async def w6(q: bool) -> dict[str, float]:

@@ -19,7 +19,14 @@ from typing import Any
 import trio
 
 from omni_trio import bench_replicas as replica_bench
-from omni_trio.bench_measure import W5_REQUESTS, copy_costs, descendant_pids, percentiles_ms, proc_cpu_ticks
+from omni_trio.bench_measure import (
+    W5_REQUESTS,
+    copy_costs,
+    descendant_pids,
+    percentiles_ms,
+    proc_cpu_ticks,
+    time_streams,
+)
 from omni_trio.bench_stages import MB, chain_config, fanin_config, stream_config, tensor_config
 from omni_trio.config import PipelineConfig
 from omni_trio.coordinator import Coordinator
@@ -149,27 +156,13 @@ async def w4(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
 async def w5(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
     """A talker streams small chunks to a forwarding vocoder in another process, which forwards them."""
     chunks = 50 if q else 1000
-    runs = 2 if q else W5_REQUESTS
-    rates, firsts = [], []
     async with open_pipeline(config or stream_config(chunks)) as pipeline:
-        for i in range(-1, runs):  # run -1 is a warm-up
-            received = 0
-            first = None
-            started = time.perf_counter()
-            async with pipeline.stream(f"r-{i}", "x", params={"chunks": chunks}) as events:
-                async for event in events:
-                    if isinstance(event, StreamMessage):
-                        if first is None:
-                            first = time.perf_counter() - started
-                        received += 1
-            elapsed = time.perf_counter() - started
-            if received != chunks:
-                raise RuntimeError(f"received {received} chunks, expected {chunks}")
-            if i >= 0 and first is not None:
-                rates.append(received / elapsed)
-                firsts.append(first)
-    return {"chunks_per_s": statistics.median(rates), "first_chunk_ms": statistics.median(firsts) * 1000,
-            "chunks_per_request": float(chunks)}
+        return await time_streams(
+            lambda request_id: pipeline.stream(request_id, "x", params={"chunks": chunks}),
+            lambda event: isinstance(event, StreamMessage),
+            chunks,
+            2 if q else W5_REQUESTS,
+        )
 
 
 async def w6(q: bool) -> dict[str, float]:
