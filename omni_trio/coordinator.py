@@ -72,6 +72,9 @@ class StageDirectory(Protocol):
     def undeliverable(self) -> dict[str, int]:
         """Per process, the messages dropped because nobody listened at a peer's path (none without sockets)."""
 
+    def superseded_messages(self) -> dict[str, int]:
+        """Per process that joined over TCP, the messages of its given-up incarnations that were dropped."""
+
 
 class Coordinator:
     """Owns the live requests of one pipeline (see the module docstring)."""
@@ -288,6 +291,7 @@ class Coordinator:
             down_replicas=down_replicas,
             refused_frames=self._directory.refused_frames(),
             undeliverable=self._directory.undeliverable(),
+            superseded_messages=self._directory.superseded_messages(),
             sent_bytes=self._directory.sent_bytes(),
         )
 

@@ -46,6 +46,9 @@ class PipelineStats:
     #: Per process, the messages it dropped because nobody listened at a same-host peer's path (a
     #: worker that died and was not restarted yet: those messages were for requests that failed with it).
     undeliverable: dict[str, int] = attrs.field(factory=dict)
+    #: Per process that joined over TCP (``manual``, ``ray``), the messages that still came from an
+    #: incarnation of it the caller had given up (its connection dropped, it was restarted): dropped.
+    superseded_messages: dict[str, int] = attrs.field(factory=dict)
     #: Tensor bytes the coordinator sent (submitted inputs), ``{entry stage: {transport: bytes}}``, since
     #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
     sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)

@@ -184,7 +184,8 @@ async def partition(main_host: str, far_host: str) -> None:
         results.append(await pipeline.submit("r2", "x", params=params))
         stats = await pipeline.stats()
         _say("STATE", {"idle": stats.idle, "live": stats.live_requests, "health": pipeline.health().processes,
-                       "stages": {name: attrs.asdict(s) for name, s in stats.stages.items() if not s.idle}})
+                       "stages": {name: attrs.asdict(s) for name, s in stats.stages.items() if not s.idle},
+                       "superseded": stats.superseded_messages})
     _say("RESULT", results)
 
 

@@ -236,6 +236,10 @@ class ProcessDirectory:
         stats())."""
         return {MAIN_PROCESS: self._endpoint.undeliverable, **self._undeliverable}
 
+    def superseded_messages(self) -> dict[str, int]:
+        """Per process that joined over TCP, the messages of its given-up incarnations that were dropped."""
+        return self._supervisor.superseded_messages()
+
     def sent_bytes(self) -> dict[str, dict[str, int]]:
         """Tensor bytes submitted, by entry stage (or replica address) and transport."""
         return self._endpoint.transports(COORDINATOR).sent_bytes()

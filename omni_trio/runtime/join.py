@@ -144,8 +144,9 @@ class ManualWorkers:
     Each join is an *incarnation* of its process (numbered from 1): the worker sends everything to
     a listener of its own (:meth:`Endpoint.receive_also`), named in its spec. When its connection
     drops (or it is given up on) the incarnation is superseded at once: what still arrives from it
-    is dropped (counted, :attr:`superseded_messages`) and its sockets are closed, so a worker that
-    lost its connection but lives on (a partition) can never reach the state of the next one.
+    is dropped (counted, :attr:`superseded_messages`, which ``stats()`` reports) and its sockets are
+    closed, so a worker that lost its connection but lives on (a partition) can never reach the state
+    of the next one.
     """
 
     def __init__(self, endpoint: Endpoint, make_spec: Callable[[str, str], object], key_dir: Path) -> None:

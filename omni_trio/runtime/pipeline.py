@@ -86,6 +86,10 @@ class LocalDirectory:
         """No sockets, nothing to drop."""
         return {}
 
+    def superseded_messages(self) -> dict[str, int]:
+        """No worker joins, none is given up."""
+        return {}
+
 
 @asynccontextmanager
 async def _single_errors() -> AsyncIterator[None]:

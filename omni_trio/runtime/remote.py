@@ -45,6 +45,10 @@ class RemoteWorkers:
         await self._ray.start(process, placement, self._manual.key(process, ""))
         return remote
 
+    def superseded_messages(self) -> dict[str, int]:
+        """Per process, the messages of its given-up incarnations that were dropped (see ``ManualWorkers``)."""
+        return dict(self._manual.superseded_messages)
+
     async def close(self) -> None:
         """Kill what is left of the run's Ray actors."""
         await self._ray.close()

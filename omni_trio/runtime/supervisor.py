@@ -162,6 +162,10 @@ class Supervisor:
         """Processes being restarted now."""
         return sorted(self._restarting)
 
+    def superseded_messages(self) -> dict[str, int]:
+        """Per ``manual`` or ``ray`` process, the messages of its given-up incarnations that were dropped."""
+        return self._remote.superseded_messages()
+
     async def wait_restarts(self, processes: Collection[str] | None = None) -> None:
         """Return once no process (of ``processes``, if given) is being restarted (each restart ended, either way)."""
         while waiting := [done for name, done in self._restarting.items() if processes is None or name in processes]:
