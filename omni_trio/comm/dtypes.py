@@ -15,7 +15,7 @@ import torch
 from omni_trio.comm.layout import ELEMENT_SIZES
 from omni_trio.errors import OmniTrioError
 
-__all__ = ["SUPPORTED_DTYPES", "UnsupportedDtype", "UnsupportedTensor", "check_tensor", "dtype_from_str"]
+__all__ = ["DTYPE_NAMES", "SUPPORTED_DTYPES", "UnsupportedDtype", "UnsupportedTensor", "check_tensor", "dtype_from_str"]
 
 #: Dtypes that may cross the data plane, keyed by ``str(dtype)`` (the form
 #: used on the wire, e.g. ``"torch.float32"``). ``name in SUPPORTED_DTYPES``
@@ -42,13 +42,13 @@ def dtype_from_str(name: str) -> torch.dtype:
 
 
 #: ``str(dtype)`` of each supported dtype, keyed by the dtype itself: a dict lookup per tensor.
-_DTYPE_NAMES: Mapping[torch.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
+DTYPE_NAMES: Mapping[torch.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
 
 
 def check_tensor(tensor: torch.Tensor, place: Any, describe: Callable[[Any], str]) -> str:
     """Validate a tensor for the data plane; return its dtype string. ``describe(place)`` words its
     place in an error (called only then: one small call per tensor, no closure built for it)."""
-    name = _DTYPE_NAMES.get(tensor.dtype)
+    name = DTYPE_NAMES.get(tensor.dtype)
     if name is None:
         raise UnsupportedDtype(
             f"tensor at {describe(place)} has unsupported dtype {tensor.dtype}; "

@@ -8,6 +8,7 @@ a tensor starts without it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -94,3 +95,22 @@ class TensorRun:
             TensorEntry(path, self.shape, self.dtype, self.device, self.offset + i * self.size, self.size)
             for i, path in enumerate(self.paths)
         ]
+
+
+@attrs.frozen
+class ChunkRun:
+    """A stream's run of chunks as an inline header carries it (:mod:`omni_trio.comm.chunk_runs`).
+
+    The chunks' tensors, all of one dtype (``str(dtype)``) and ``shape``, lie back to back in
+    ``data``; ``metadata`` is each chunk's metadata when the run was of ``(tensor, metadata)`` pairs,
+    None when it was of bare tensors. Torch-free, like the rest of this module: a receiver tells the
+    header apart before it needs torch.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    metadata: list[Any] | None
+    data: bytearray
+
+    def __reduce__(self) -> tuple[type[ChunkRun], tuple[str, tuple[int, ...], list[Any] | None, bytearray]]:
+        return (ChunkRun, (self.dtype, self.shape, self.metadata, self.data))

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind, shm_buffer
-from omni_trio.comm.layout import TensorRun
+from omni_trio.comm.layout import ChunkRun, TensorRun
 from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 from omni_trio.comm.shm import ShmPut, ShmRelay
@@ -185,10 +185,42 @@ def _inline_ref(
     )
 
 
+def _chunk_run_ref(obj: object, *, object_id: str, kind: DataRefKind) -> DataRef | None:
+    """The inline DataRef of a run of alike chunks (:mod:`omni_trio.comm.chunk_runs`), or None for
+    anything else. Such a run is CPU tensors within the inline limit: inline is the router's choice."""
+    if type(obj) is not list or "torch" not in sys.modules:
+        return None
+    run = _chunk_runs().pack_chunk_run(obj)
+    if run is None:
+        return None
+    header = pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(header) > INLINE_LIMIT:
+        return None
+    return DataRef(
+        kind=kind,
+        object_id=object_id,
+        transport=TransportKind.inline,
+        layout=Layout.packed_tensors,
+        header=header,
+        tensor_bytes=len(run.data),
+    )
+
+
+@functools.cache
+def _chunk_runs() -> ModuleType:
+    """:mod:`omni_trio.comm.chunk_runs`, imported on first use (it imports torch), then cached."""
+    from omni_trio.comm import chunk_runs
+
+    return chunk_runs
+
+
 def encode_inline(
     obj: object, *, sender: str, target: str, object_id: str, kind: DataRefKind, gpu_peers: bool = False
 ) -> DataRef | None:
     """``obj``'s inline DataRef (what :func:`encode_object` sends inline), or None if it would not go inline."""
+    run = _chunk_run_ref(obj, object_id=object_id, kind=kind)
+    if run is not None:
+        return run
     wrap, stripped, tensors = _split(obj)
     return _inline_ref(
         wrap, stripped, tensors, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers
@@ -216,6 +248,9 @@ async def encode_object(
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
+    run = _chunk_run_ref(obj, object_id=object_id, kind=kind)
+    if run is not None:
+        return run, None
     wrap, stripped, tensors = _split(obj)
     ref = _inline_ref(
         wrap, stripped, tensors, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers
@@ -299,6 +334,8 @@ async def decode_object(
         raise ValueError(f"DataRef {ref.object_id} has no header")
     if ref.transport is TransportKind.inline:
         header = pickle.loads(ref.header)
+        if isinstance(header, ChunkRun):
+            return _chunk_runs().unpack_chunk_run(header)
         if isinstance(header, _PackedInline):
             from omni_trio.comm.packing import unpack_runs
 
