@@ -173,8 +173,11 @@ def _inline_ref(
         gpu_peers=gpu_peers,
     )
     header = _inline_header(wrap, stripped, tensors) if transport is TransportKind.inline else None
-    if header is None:
-        return None
+    return None if header is None else _inline_dataref(header, nbytes, object_id=object_id, kind=kind)
+
+
+def _inline_dataref(header: bytes, nbytes: int, *, object_id: str, kind: DataRefKind) -> DataRef:
+    """The DataRef of an object that travels as ``header`` (carrying ``nbytes`` of tensors) in its message."""
     return DataRef(
         kind=kind,
         object_id=object_id,
@@ -196,14 +199,7 @@ def _chunk_run_ref(obj: object, *, object_id: str, kind: DataRefKind) -> DataRef
     header = pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL)
     if len(header) > INLINE_LIMIT:
         return None
-    return DataRef(
-        kind=kind,
-        object_id=object_id,
-        transport=TransportKind.inline,
-        layout=Layout.packed_tensors,
-        header=header,
-        tensor_bytes=len(run.data),
-    )
+    return _inline_dataref(header, len(run.data), object_id=object_id, kind=kind)
 
 
 @functools.cache
