@@ -112,11 +112,14 @@ async def talker(link: Link, chunks: int) -> None:
                 for step in range(chunks):
                     outbox.put(torch.arange(step * ELEMENTS, step * ELEMENTS + ELEMENTS, dtype=torch.int64))
 
-        threading.Thread(target=generate, daemon=True).start()
+        generator = threading.Thread(target=generate, daemon=True)
+        generator.start()
         nursery.start_soon(outbox.drain)
         while await link.recv() != [STOP]:
             requests.put(True)
         requests.put(False)
+        # Joined: a process that exits while the thread is still in torch aborts in C++ ("terminate called").
+        await trio.to_thread.run_sync(generator.join)
         await link.send([STOP])
         nursery.cancel_scope.cancel()
 
@@ -130,12 +133,14 @@ async def vocoder(link: Link) -> None:
             while (chunk := chunks.get()) is not None:
                 outbox.put(chunk)
 
-        threading.Thread(target=forward, daemon=True).start()
+        forwarder = threading.Thread(target=forward, daemon=True)
+        forwarder.start()
         nursery.start_soon(outbox.drain)
         while (frames := await link.recv()) != [STOP]:
             for chunk in unpack(frames):
                 chunks.put(chunk)
         chunks.put(None)
+        await trio.to_thread.run_sync(forwarder.join)
         nursery.cancel_scope.cancel()
 
 
