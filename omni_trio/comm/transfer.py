@@ -188,13 +188,18 @@ def _inline_dataref(header: bytes, nbytes: int, *, object_id: str, kind: DataRef
     )
 
 
-def _chunk_run_ref(obj: object, *, object_id: str, kind: DataRefKind) -> DataRef | None:
+def _chunk_run_ref(
+    obj: object, *, sender: str, target: str, object_id: str, kind: DataRefKind, gpu_peers: bool
+) -> DataRef | None:
     """The inline DataRef of a run of alike chunks (:mod:`omni_trio.comm.chunk_runs`), or None for
-    anything else. Such a run is CPU tensors within the inline limit: inline is the router's choice."""
+    anything else and for a run the router does not send inline."""
     if type(obj) is not list or "torch" not in sys.modules:
         return None
     run = _chunk_runs().pack_chunk_run(obj)
     if run is None:
+        return None
+    transport = choose_transport({"cpu"}, len(run.data), sender=sender, receiver=target, gpu_peers=gpu_peers)
+    if transport is not TransportKind.inline:
         return None
     header = pickle.dumps(run, protocol=pickle.HIGHEST_PROTOCOL)
     if len(header) > INLINE_LIMIT:
@@ -214,7 +219,7 @@ def encode_inline(
     obj: object, *, sender: str, target: str, object_id: str, kind: DataRefKind, gpu_peers: bool = False
 ) -> DataRef | None:
     """``obj``'s inline DataRef (what :func:`encode_object` sends inline), or None if it would not go inline."""
-    run = _chunk_run_ref(obj, object_id=object_id, kind=kind)
+    run = _chunk_run_ref(obj, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers)
     if run is not None:
         return run
     wrap, stripped, tensors = _split(obj)
@@ -244,7 +249,7 @@ async def encode_object(
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
     """
-    run = _chunk_run_ref(obj, object_id=object_id, kind=kind)
+    run = _chunk_run_ref(obj, sender=sender, target=target, object_id=object_id, kind=kind, gpu_peers=gpu_peers)
     if run is not None:
         return run, None
     wrap, stripped, tensors = _split(obj)
