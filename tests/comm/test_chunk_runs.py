@@ -76,6 +76,32 @@ def test_a_non_contiguous_chunk_is_copied_as_its_values() -> None:
     assert as_run and same(received, chunks) and all(t.is_contiguous() for t in received)
 
 
+@pytest.mark.parametrize("dtype_name", sorted(SUPPORTED_DTYPES))
+def test_a_lone_chunk_of_every_dtype_and_shape_arrives_as_its_values(dtype_name: str) -> None:
+    # A lone contiguous chunk is copied straight out of its storage, anything else with torch.
+    dtype = SUPPORTED_DTYPES[dtype_name]
+    for shape in [(8,), (2, 4), ()]:
+        (received,), as_run = send([chunk(3, dtype, shape)])
+        assert as_run and same(received, chunk(3, dtype, shape))
+
+
+def test_a_lone_chunk_that_views_another_tensor_arrives_as_its_values() -> None:
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    complex_base = torch.complex(base, -base)
+    views = {
+        "a row at an offset": base[3],
+        "a column": base[:, 2],
+        "a conjugate": complex_base[1].conj(),
+        "a negative view": torch._neg_view(base[4]),
+        "a negative conjugate": torch._neg_view(complex_base[2].conj()),
+    }
+    for name, view in views.items():
+        (received,), as_run = send([view])
+        assert as_run, name
+        assert torch.equal(received, view.resolve_conj().resolve_neg()), name
+        assert not received.is_conj() and not received.is_neg(), name
+
+
 @pytest.mark.parametrize(
     "chunks",
     [
