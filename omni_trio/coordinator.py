@@ -39,7 +39,7 @@ from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.pipeline_stats import PipelineHealth, PipelineStats
 from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.request_stream import RequestStream
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import Tracer, get_logger

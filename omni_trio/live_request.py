@@ -9,7 +9,7 @@ import outcome
 import trio
 
 from omni_trio.payload import OmniRequest
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 
 __all__ = ["END_OF_STREAM", "LiveRequest"]
 

@@ -24,7 +24,7 @@ from omni_trio.errors import SessionClosed
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import SESSION_METADATA_KEY
 from omni_trio.request_stream import RequestStream
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 
 #: How long closing a session may take; bounded because it runs shielded from cancellation.
 CLOSE_DEADLINE_S = 30.0

@@ -9,13 +9,9 @@ from omni_trio.scheduling.errors import QueueFullError
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, StageScheduler
-from omni_trio.scheduling.session import (
-    SessionContext,
-    SessionHooks,
-    SessionOperation,
-    SessionScheduler,
-    TimedChunk,
-)
+from omni_trio.scheduling.session import SessionScheduler
+from omni_trio.scheduling.session_hooks import SessionContext, SessionHooks, TimedChunk
+from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.scheduling.simple import SimpleScheduler
 from omni_trio.scheduling.streaming import StreamingSimpleScheduler
 from omni_trio.scheduling.threaded import ThreadedSimpleScheduler

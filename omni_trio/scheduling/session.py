@@ -31,138 +31,23 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, Literal, Protocol, cast, get_args
+from typing import Any, Final, cast
 
 import attrs
 
-from omni_trio.payload import SESSION_METADATA_KEY, OmniRequest, StagePayload
+from omni_trio.payload import StagePayload
 from omni_trio.scheduling._support import error_message, result_message
 from omni_trio.scheduling.errors import QUEUE_FULL_TEXT, QueueFullError
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.session_hooks import SessionContext, SessionHooks, TimedChunk
+from omni_trio.scheduling.session_operation import SessionOp, SessionOperation
 from omni_trio.scheduling.simple import SimpleScheduler
 
 logger = logging.getLogger(__name__)
 
-SessionOp = Literal["open", "append", "close", "control", "read"]
-SESSION_OPS: Final[frozenset[str]] = frozenset(get_args(SessionOp))
-
 DEFAULT_MAX_OPEN_SESSIONS = 64
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_STATE_BYTES_PER_SESSION = 1 << 30
-
-
-@attrs.frozen
-class TimedChunk:
-    """One piece of session output, with its place on the session's timeline."""
-
-    data: Any
-    start_ms: float | None = None
-    end_ms: float | None = None
-    modality: str = "text"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The dict form that travels as a ``stream`` message's data."""
-        return attrs.asdict(self, recurse=False)
-
-
-#: ``emit(chunk)``: stream one output chunk (a TimedChunk or its dict form).
-ChunkEmitter = Callable[[TimedChunk | Mapping[str, Any]], None]
-
-
-@attrs.frozen
-class SessionContext:
-    """What an ``append`` hook gets besides its input.
-
-    ``cancelled`` is set when the append is aborted, preempted by a
-    ``control`` with ``preempt``, or the scheduler stops: the hook should
-    stop work and return. ``emit`` streams output; it drops chunks once
-    ``cancelled`` is set. ``upstream()`` iterates over the chunks the
-    previous owner in ``stages`` streams for this append (their data), until
-    that owner's append finished; it ends early when ``cancelled`` is set.
-    """
-
-    session_id: str
-    request_id: str
-    cancelled: threading.Event
-    emit: ChunkEmitter
-    upstream: Callable[[], Iterator[Any]] = attrs.field(default=lambda: iter(()))
-
-
-class SessionHooks(Protocol):
-    """A stage's per-session callbacks.
-
-    Hooks of one session run one at a time, in arrival order; different
-    sessions may run concurrently. Optional extra members, found by name:
-    ``state_bytes(session_id) -> int`` (state held, checked against
-    ``max_state_bytes_per_session`` after open and every append),
-    ``control(session_id, payload) -> None`` and
-    ``warm_up_serving_thread() -> None``.
-    """
-
-    def open(self, session_id: str, request: OmniRequest) -> None:
-        """Create the session's state; on error release whatever was allocated."""
-        ...
-
-    def append(self, chunk: Any, payload: StagePayload, context: SessionContext) -> Any:
-        """Feed one chunk; return the request's result (normally ``payload``)."""
-        ...
-
-    def close(self, session_id: str) -> None:
-        """Release the session's state; must be idempotent."""
-        ...
-
-
-@attrs.frozen
-class SessionOperation:
-    """A request's parsed ``omni_session`` metadata."""
-
-    op: SessionOp
-    session_id: str
-    chunk: Any = None
-    has_chunk: bool = False
-    preempt: bool = False
-    stages: tuple[str, ...] = ()
-    preempted_request_ids: tuple[str, ...] = ()
-
-    @classmethod
-    def from_payload(cls, payload: object) -> SessionOperation | None:
-        """Parse ``payload.request.metadata``; None for a request outside any session."""
-        request = getattr(payload, "request", None)
-        if not isinstance(request, OmniRequest):
-            return None
-        return cls.from_request(request)
-
-    @classmethod
-    def from_request(cls, request: OmniRequest) -> SessionOperation | None:
-        """Parse ``request.metadata``; None outside any session, ``ValueError`` when malformed."""
-        raw = request.metadata.get(SESSION_METADATA_KEY)
-        if raw is None:
-            return None
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"{SESSION_METADATA_KEY!r} metadata must be a mapping, got {type(raw).__name__}")
-        op = raw.get("op")
-        if op not in SESSION_OPS:
-            raise ValueError(f"unknown session operation {op!r}; expected one of {sorted(SESSION_OPS)}")
-        session_id = raw.get("session_id")
-        if not isinstance(session_id, str) or not session_id:
-            raise ValueError(f"session operation {op!r} needs a non-empty string session_id")
-        return cls(
-            op=cast(SessionOp, op),
-            session_id=session_id,
-            chunk=raw.get("chunk"),
-            has_chunk="chunk" in raw,
-            preempt=bool(raw.get("preempt", False)),
-            stages=_names(raw.get("stages", ()), "stages"),
-            preempted_request_ids=_names(raw.get("preempted_request_ids", ()), "preempted_request_ids"),
-        )
-
-
-def _names(value: object, key: str) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"session metadata {key!r} must be a list of names, got {type(value).__name__}")
-    if not all(isinstance(name, str) and name for name in value):
-        raise ValueError(f"session metadata {key!r} must hold non-empty strings, got {list(value)!r}")
-    return tuple(value)
 
 
 @attrs.define(eq=False)

@@ -24,7 +24,7 @@ import trio
 from omni_trio.errors import describe_error
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
 from omni_trio.scheduling.protocol import OutgoingMessage
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.stage.edges import EdgeQueues
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.routing import CompiledRouting, is_isolated_projection

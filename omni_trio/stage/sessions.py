@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_trio.payload import StagePayload
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.stage.routing import RoutingError
 
 #: Why an append's route is refused.

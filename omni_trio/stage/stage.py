@@ -30,7 +30,7 @@ from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
-from omni_trio.scheduling.session import SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.stage.abandoned import AbandonedComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.edges import EdgeQueues, edge_count
