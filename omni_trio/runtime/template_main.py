@@ -35,6 +35,7 @@ import threading
 import traceback
 from typing import Any
 
+from omni_trio.runtime.heap import freeze_startup_heap
 from omni_trio.runtime.template import LAUNCH_FDS, MAX_MESSAGE
 
 #: Native threads whose owners do not survive a fork (zmq's I/O threads, CUDA's driver threads).
@@ -197,6 +198,8 @@ def _run() -> None:
     if problem is not None:
         send(sock, ("unsafe", problem))
         return
+    # Before the first fork: every worker inherits the imports frozen (runtime/heap.py).
+    freeze_startup_heap()
     send(sock, ("ready", skipped))
     Template(sock).serve()
 

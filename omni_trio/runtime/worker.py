@@ -39,6 +39,7 @@ from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
+from omni_trio.runtime.heap import freeze_startup_heap
 from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
 from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
@@ -133,6 +134,8 @@ async def serve(
                 except BaseException:
                     startup_traceback_path(Path(spec.ipc_dir), spec.process).write_text(traceback.format_exc())
                     raise
+                # Start-up is over: full collections skip what it made from now on (runtime/heap.py).
+                freeze_startup_heap()
                 ready = m.Ready(process=spec.process, stages=list(stages), endpoint=endpoint.tcp_endpoint or "")
                 await endpoint.send("main", ready)
                 await shutdown.wait()

@@ -10,6 +10,7 @@ from typing import TextIO
 import trio
 
 from omni_trio.config import PipelineConfig
+from omni_trio.runtime.heap import freeze_startup_heap
 from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.serve import serve
 from omni_trio.serve.server import serve_config_of
@@ -43,5 +44,7 @@ async def serve_until_signalled(
                 address = await server.start(functools.partial(serve, pipeline, config, host=host, port=port,
                                                                shutdown=shutdown))
                 listening = True
+                # This process is ours: its start-up heap (torch, the app) leaves the full collections.
+                freeze_startup_heap()
                 print(f"listening on {address.url}", file=out, flush=True)
             outer.cancel_scope.cancel()

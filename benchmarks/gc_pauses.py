@@ -1,0 +1,123 @@
+"""Full garbage collections in W5's worker processes: how often they run and how long each holds its process.
+
+Run: ``python benchmarks/gc_pauses.py [--requests 300] [--chunks 1000]`` (from the repository root, in the
+test venv). Starts the bench's W5 pipeline (``bench_stages.stream_config``: a talker streaming small int64
+chunks to a forwarding vocoder in another process), streams ``--requests`` requests one after the other,
+and prints, for each worker process, every full (generation 2) collection it ran and how long it took,
+the size of its permanent generation (``gc.get_freeze_count()``: what its full collections skip), and the
+requests' wall times (p50, p99, max).
+
+The stage code is the bench's; this script's factories only add a ``gc.callbacks`` hook in each worker
+(this module is imported there, as every stage module is) that appends each full collection's duration
+to a file of the worker's own in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import omni_trio as ot
+from omni_trio import bench_stages
+
+#: Where each worker appends its full collections (set by main() before the workers start).
+PAUSES_DIR = "OMNI_TRIO_GC_PAUSES_DIR"
+
+
+class _FullCollections:
+    """A ``gc.callbacks`` hook: appends ``<ms>`` for each generation-2 collection to ``<dir>/<pid>``."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._started = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+            return
+        took_ms = (time.perf_counter_ns() - self._started) / 1e6
+        with open(os.path.join(self._directory, str(os.getpid())), "a", encoding="utf-8") as out:
+            out.write(f"{took_ms:.3f} {gc.get_freeze_count()}\n")
+
+
+def _hook_this_process() -> None:
+    directory = os.environ.get(PAUSES_DIR)
+    if directory and not any(isinstance(cb, _FullCollections) for cb in gc.callbacks):
+        gc.callbacks.append(_FullCollections(directory))
+
+
+def create_chunk_talker(chunks: int = 1000) -> bench_stages.ChunkTalker:
+    """The bench's talker, in a worker whose full collections are recorded."""
+    _hook_this_process()
+    return bench_stages.create_chunk_talker(chunks)
+
+
+def create_forwarding_vocoder() -> bench_stages.ForwardingVocoder:
+    """The bench's forwarding vocoder, in a worker whose full collections are recorded."""
+    _hook_this_process()
+    return bench_stages.create_forwarding_vocoder()
+
+
+def _config(chunks: int) -> ot.PipelineConfig:
+    here = "benchmarks.gc_pauses"
+    return ot.PipelineConfig(
+        name="gc-pauses",
+        entry_stage="talker",
+        stages=[
+            ot.StageConfig(name="talker", process="p_talker", factory_path=f"{here}.create_chunk_talker",
+                           factory={"chunks": chunks}, next="vocoder", stream_to=["vocoder"]),
+            ot.StageConfig(name="vocoder", process="p_vocoder", factory_path=f"{here}.create_forwarding_vocoder",
+                           terminal=True, can_accept_stream_before_payload=True),
+        ],
+    )
+
+
+async def _run(requests: int, chunks: int) -> list[float]:
+    walls: list[float] = []
+    with trio.fail_after(120 + requests * chunks / 1000):
+        async with ot.open_pipeline(_config(chunks)) as pipeline:
+            for i in range(requests):
+                start = time.perf_counter()
+                async with pipeline.stream(f"r{i}", "x", params={"chunks": chunks}) as events:
+                    async for _ in events:
+                        pass
+                walls.append((time.perf_counter() - start) * 1e3)
+    return walls
+
+
+def main() -> None:
+    """Parse the arguments, run the requests, print what each worker's full collections cost."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--chunks", type=int, default=1000)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    with tempfile.TemporaryDirectory() as directory:
+        os.environ[PAUSES_DIR] = directory
+        walls = trio.run(_run, args.requests, args.chunks)
+        reports = {path.name: path.read_text().split("\n") for path in Path(directory).iterdir()}
+    for pid, lines in sorted(reports.items()):
+        rows = [line.split() for line in lines if line]
+        pauses = ", ".join(f"{float(ms):.1f}" for ms, _ in rows)
+        print(f"worker {pid}: {len(rows)} full collections ({pauses} ms); permanent generation "
+              f"{rows[-1][1]} objects")
+    if not reports:
+        print("no worker ran a full collection")
+    hundredths = statistics.quantiles(walls, n=100)
+    print(f"{len(walls)} requests of {args.chunks} chunks: wall p50 {statistics.median(walls):.1f} / "
+          f"p99 {hundredths[98]:.1f} / max {max(walls):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
