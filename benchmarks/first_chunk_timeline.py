@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import trio
 
 #: The directory the processes write their marks to; unset, importing this module wraps nothing.
@@ -137,35 +136,41 @@ def _install() -> None:
 _install()
 
 from omni_trio import bench_stages  # noqa: E402 - after the wrapping, so that what it binds is wrapped too
-from omni_trio.scheduling import OutgoingMessage  # noqa: E402
+from omni_trio.scheduling import IncomingMessage, OutgoingMessage  # noqa: E402
 
 
 class MarkedTalker(bench_stages.ChunkTalker):
-    """The bench's talker, with marks: the request taken, the first chunk put (and optionally a pause)."""
+    """The bench's talker, with marks where its thread takes a request and puts the request's first chunk
+    (and, with ``--pause-after-first``, a pause after that put)."""
 
     def start(self) -> None:
-        """Serve requests until the wakeup sentinel (the bench's loop, marked)."""
+        """Serve requests as the bench's talker does, through a marked inbox ``get`` and outbox ``put``."""
         pause = float(os.environ.get(PAUSE, "0")) / 1000
-        while True:
-            msg = self.inbox.get()
-            if msg.type == "wakeup":
-                return
-            if msg.type != "new_request":
-                continue
-            mark("talker thread: has the request")
-            payload = msg.data
-            chunks = int(payload.request.params.get("chunks", self.chunks))
-            for step in range(chunks):
-                codes = torch.arange(step * 8, step * 8 + 8, dtype=torch.int64)
-                if step == 0:
-                    mark("talker thread: first chunk made")
-                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=codes))
-                if step == 0:
-                    mark("talker thread: first put returned")
-                    if pause:
-                        time.sleep(pause)
-            payload.data = {"chunks": chunks}
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=payload))
+        get, put = self.inbox.get, self.outbox.put
+        streaming: set[str] = set()
+
+        def marked_get(*args: Any, **kwargs: Any) -> IncomingMessage:
+            message = get(*args, **kwargs)
+            if message.type == "new_request":
+                mark("talker thread: has the request")
+            return message
+
+        def marked_put(item: OutgoingMessage, *args: Any, **kwargs: Any) -> None:
+            first = item.type == "stream" and item.request_id not in streaming
+            if first:
+                streaming.add(item.request_id)
+                mark("talker thread: first chunk made")
+            elif item.type == "result":
+                streaming.discard(item.request_id)
+            put(item, *args, **kwargs)
+            if first:
+                mark("talker thread: first put returned")
+                if pause:
+                    time.sleep(pause)
+
+        self.inbox.get = marked_get  # type: ignore[method-assign]
+        self.outbox.put = marked_put  # type: ignore[method-assign]
+        super().start()
 
     def stop(self) -> None:
         """Write this process's marks, then stop as the bench's talker does."""
@@ -201,17 +206,7 @@ def create_forwarding_vocoder() -> MarkedVocoder:
 async def _run(requests: int, chunks: int) -> None:
     import omni_trio as ot
 
-    here = "benchmarks.first_chunk_timeline"
-    config = ot.PipelineConfig(
-        name="first-chunk-timeline",
-        entry_stage="talker",
-        stages=[
-            ot.StageConfig(name="talker", process="p_talker", factory_path=f"{here}.create_chunk_talker",
-                           factory={"chunks": chunks}, next="vocoder", stream_to=["vocoder"]),
-            ot.StageConfig(name="vocoder", process="p_vocoder", factory_path=f"{here}.create_forwarding_vocoder",
-                           terminal=True, can_accept_stream_before_payload=True),
-        ],
-    )
+    config = bench_stages.stream_config(chunks, "benchmarks.first_chunk_timeline")
     with trio.fail_after(120 + requests * chunks / 1000):
         async with ot.open_pipeline(config) as pipeline:
             for i in range(requests + 3):
@@ -264,7 +259,8 @@ def main() -> None:
         os.environ[PAUSE] = str(args.pause_after_first)
         # The workers import this module as benchmarks.first_chunk_timeline (their stage module); this
         # process runs it as __main__ and wraps through that import too.
-        timeline: Callable[[int, int, Path], None] = importlib.import_module("benchmarks.first_chunk_timeline").main_process
+        marked = importlib.import_module("benchmarks.first_chunk_timeline")
+        timeline: Callable[[int, int, Path], None] = marked.main_process
         timeline(args.requests, args.chunks, Path(directory))
 
 

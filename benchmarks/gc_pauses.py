@@ -69,24 +69,10 @@ def create_forwarding_vocoder() -> bench_stages.ForwardingVocoder:
     return bench_stages.create_forwarding_vocoder()
 
 
-def _config(chunks: int) -> ot.PipelineConfig:
-    here = "benchmarks.gc_pauses"
-    return ot.PipelineConfig(
-        name="gc-pauses",
-        entry_stage="talker",
-        stages=[
-            ot.StageConfig(name="talker", process="p_talker", factory_path=f"{here}.create_chunk_talker",
-                           factory={"chunks": chunks}, next="vocoder", stream_to=["vocoder"]),
-            ot.StageConfig(name="vocoder", process="p_vocoder", factory_path=f"{here}.create_forwarding_vocoder",
-                           terminal=True, can_accept_stream_before_payload=True),
-        ],
-    )
-
-
 async def _run(requests: int, chunks: int) -> list[float]:
     walls: list[float] = []
     with trio.fail_after(120 + requests * chunks / 1000):
-        async with ot.open_pipeline(_config(chunks)) as pipeline:
+        async with ot.open_pipeline(bench_stages.stream_config(chunks, "benchmarks.gc_pauses")) as pipeline:
             for i in range(requests):
                 start = time.perf_counter()
                 async with pipeline.stream(f"r{i}", "x", params={"chunks": chunks}) as events:
@@ -114,7 +100,7 @@ def main() -> None:
               f"{rows[-1][1]} objects")
     if not reports:
         print("no worker ran a full collection")
-    hundredths = statistics.quantiles(walls, n=100)
+    hundredths = statistics.quantiles(walls, n=100, method="inclusive")
     print(f"{len(walls)} requests of {args.chunks} chunks: wall p50 {statistics.median(walls):.1f} / "
           f"p99 {hundredths[98]:.1f} / max {max(walls):.1f} ms")
 

@@ -223,15 +223,16 @@ def tensor_config(source: str = "create_tensor_source") -> PipelineConfig:
     )
 
 
-def stream_config(chunks: int) -> PipelineConfig:
-    """talker =stream=> vocoder -> caller, two worker processes."""
+def stream_config(chunks: int, module: str = M) -> PipelineConfig:
+    """talker =stream=> vocoder -> caller, two worker processes; ``module`` holds the two factories
+    (``create_chunk_talker``, ``create_forwarding_vocoder``): this one, or a script's that instruments them."""
     return PipelineConfig(
         name="bench-stream",
         entry_stage="talker",
         stages=[
-            StageConfig(name="talker", process="p_talker", factory_path=f"{M}.create_chunk_talker",
+            StageConfig(name="talker", process="p_talker", factory_path=f"{module}.create_chunk_talker",
                         factory={"chunks": chunks}, next="vocoder", stream_to=["vocoder"]),
-            StageConfig(name="vocoder", process="p_vocoder", factory_path=f"{M}.create_forwarding_vocoder",
+            StageConfig(name="vocoder", process="p_vocoder", factory_path=f"{module}.create_forwarding_vocoder",
                         terminal=True, can_accept_stream_before_payload=True),
         ],
     )
