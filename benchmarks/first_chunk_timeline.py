@@ -1,13 +1,15 @@
 """W5's first chunk, step by step, across its three processes: the median time of each step after ``stream()``.
 
-Run: ``python benchmarks/first_chunk_timeline.py [--requests 60] [--chunks 1000] [--pause-after-first MS]``
-(from the repository root, in the test venv). Starts the bench's W5 pipeline (``bench_stages``: a talker
-streaming small int64 chunks to a forwarding vocoder in another process, which forwards them to the
-caller), streams 3 warm-up requests and then ``--requests`` more, one after the other, and prints, for the
-steps each process took between ``stream()`` and the caller's first chunk, the median µs at which it
-took each (``C``: the caller, ``T``: the talker's process, ``V``: the vocoder's; ``#k``: the k-th time in
-that window). ``--pause-after-first MS`` makes the talker sleep that long after it put its first chunk,
-so that the chunks behind it do not compete with it for the cores.
+Run: ``python benchmarks/first_chunk_timeline.py [--requests 60] [--chunks 1000] [--pause-after-first MS]
+[--max-queued-streams N]`` (from the repository root, in the test venv). Starts the bench's W5 pipeline
+(``bench_stages``: a talker streaming small int64 chunks to a forwarding vocoder in another process,
+which forwards them to the caller), streams 3 warm-up requests and then ``--requests`` more, one after
+the other, and prints, for the steps each process took between ``stream()`` and the caller's first
+chunk, the median µs at which it took each (``C``: the caller, ``T``: the talker's process, ``V``: the
+vocoder's; ``#k``: the k-th time in that window). ``--pause-after-first MS`` makes the talker sleep that
+long after it put its first chunk, so that the chunks behind it do not compete with it for the cores;
+``--max-queued-streams N`` gives the talker a bounded outbox (``ot.Outbox(max_queued_streams=N)``),
+whose ``put`` waits while N chunks are unsent.
 
 How: every process records marks (``time.perf_counter_ns``, CLOCK_MONOTONIC, one clock for all
 processes) at the steps below, by wrapping runtime functions in place: a diagnostic, not a way to build
@@ -39,6 +41,7 @@ import trio
 #: The directory the processes write their marks to; unset, importing this module wraps nothing.
 MARKS_DIR = "OMNI_TRIO_TIMELINE_DIR"
 PAUSE = "OMNI_TRIO_TIMELINE_PAUSE_MS"
+BOUND = "OMNI_TRIO_TIMELINE_MAX_QUEUED_STREAMS"
 
 #: (module, qualified name, label): the runtime steps marked on the way in (``>``) and out (``<``).
 STEPS = [
@@ -136,12 +139,17 @@ def _install() -> None:
 _install()
 
 from omni_trio import bench_stages  # noqa: E402 - after the wrapping, so that what it binds is wrapped too
-from omni_trio.scheduling import IncomingMessage, OutgoingMessage  # noqa: E402
+from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage  # noqa: E402
 
 
 class MarkedTalker(bench_stages.ChunkTalker):
     """The bench's talker, with marks where its thread takes a request and puts the request's first chunk
     (and, with ``--pause-after-first``, a pause after that put)."""
+
+    def __init__(self, chunks: int) -> None:
+        super().__init__(chunks)
+        if os.environ.get(BOUND):
+            self.outbox = Outbox(max_queued_streams=int(os.environ[BOUND]))
 
     def start(self) -> None:
         """Serve requests as the bench's talker does, through a marked inbox ``get`` and outbox ``put``."""
@@ -252,11 +260,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--chunks", type=int, default=1000)
     parser.add_argument("--pause-after-first", type=float, default=0.0, metavar="MS")
+    parser.add_argument("--max-queued-streams", type=int, default=0, metavar="N",
+                        help="give the talker an ot.Outbox(max_queued_streams=N) (default: the bench's, unbounded)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryDirectory() as directory:
         os.environ[MARKS_DIR] = directory
         os.environ[PAUSE] = str(args.pause_after_first)
+        os.environ[BOUND] = str(args.max_queued_streams or "")
         # The workers import this module as benchmarks.first_chunk_timeline (their stage module); this
         # process runs it as __main__ and wraps through that import too.
         marked = importlib.import_module("benchmarks.first_chunk_timeline")
