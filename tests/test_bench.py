@@ -158,3 +158,28 @@ def test_without_root_the_tcp_rows_say_why_they_are_skipped(monkeypatch: pytest.
     )
     assert suite.skip_reason("W1") is None
     assert suite.parse_args(["--only", "W1,tcp"]).workloads == ["W1", "W1-tcp", "W4-tcp", "W5-tcp"]
+
+
+def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python benchmarks/NAME ARGS`` from the repository root (bounded)."""
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{name}", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def test_first_chunk_timeline_marks_the_steps_of_all_three_processes() -> None:
+    """The script wraps runtime functions by name: a rename must fail here, not in a later session."""
+    proc = _script("first_chunk_timeline.py", "--requests", "5", "--chunks", "20", "--pause-after-first", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split("µs", 1)[1].strip() for line in proc.stdout.splitlines() if "µs" in line]
+    assert rows[0] == "C caller: stream() called" and rows[-1] == "C caller: first chunk", rows
+    for step in ("C seal + sendmsg >", "T loop woken", "T talker thread: has the request", "T encode object >",
+                 "V decode object >", "V vocoder thread: on_stream_chunk", "C chunk to the reader >"):
+        assert step in rows, (step, rows)
+
+
+def test_gc_pauses_runs_the_stream_and_reports_its_requests() -> None:
+    proc = _script("gc_pauses.py", "--requests", "5", "--chunks", "20")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "5 requests of 20 chunks: wall p50" in proc.stdout, proc.stdout
