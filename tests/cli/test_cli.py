@@ -199,7 +199,7 @@ def test_run_interrupted_exits_130(capsys: pytest.CaptureFixture[str], fanin: Pa
     async def interrupted(*_args: Any) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_request", interrupted)
+    monkeypatch.setattr(cli.run, "_run_request", interrupted)
     code, _, err = run_cli(capsys, "run", str(fanin), "--input", "x")
     assert code == 130 and "interrupted" in err
 

@@ -1,0 +1,167 @@
+"""The commands of ``omni-trio`` whose work is done elsewhere in the package: ``validate`` (the config),
+``serve`` (:mod:`omni_trio.serve`), ``worker`` (:mod:`omni_trio.runtime.worker_join`), ``bench``
+(:mod:`omni_trio.bench`) and ``reclaim`` (:mod:`omni_trio.comm.ownership`)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from omni_trio.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    add_app_dir,
+    add_app_dir_option,
+    err,
+    load,
+    print_config_error,
+)
+from omni_trio.errors import ConfigError, OmniTrioError
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``omni-trio validate CONFIG``: check the config and that its hooks import."""
+    add_app_dir(args.app_dir)
+    try:
+        config = load(args.config)
+    except ConfigError as exc:
+        print_config_error(args.config, exc)
+        return EXIT_USAGE
+    terminals = ", ".join(config.terminal_stages)
+    print(f"ok: {len(config.stages)} stages, entry {config.entry}, terminals [{terminals}]")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``omni-trio serve CONFIG``: the pipeline behind an OpenAI-compatible HTTP server (docs/serving.md)."""
+    from omni_trio.serve.command import serve_until_signalled
+
+    add_app_dir(args.app_dir)
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise UsageError("--deadline must be positive")
+    config = load(args.config)
+    if config.serve is None:
+        raise UsageError(f"{args.config} has no [serve] table (model, adapter): see docs/serving.md")
+    if args.deadline is not None:
+        config = attrs.evolve(config, serve=attrs.evolve(config.serve, deadline_s=args.deadline))
+    try:
+        trio.run(functools.partial(serve_until_signalled, config, host=args.host, port=args.port,
+                                   trace=args.trace, out=sys.stdout))
+    except OmniTrioError as exc:
+        err(f"error: {exc}")
+        return EXIT_FAILED
+    except OSError as exc:  # the address is taken, or not ours to bind
+        err(f"error: cannot listen on {args.host}:{args.port}: {exc}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    """``omni-trio reclaim [--base DIR ...]``: remove what runs of provably dead processes left behind."""
+    from omni_trio.comm.ownership import reclaim_dead_runs
+
+    reclaimed = reclaim_dead_runs([Path(base) for base in args.base or [tempfile.gettempdir()]])
+    for directory in reclaimed.directories:
+        print(f"removed {directory}")
+    print(f"removed {len(reclaimed.directories)} IPC director{'y' if len(reclaimed.directories) == 1 else 'ies'} "
+          f"and {len(reclaimed.segments)} shared-memory segment(s) of dead runs")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``omni-trio bench [--quick] [--json PATH] [--only W1,...]``: run the benchmark suite (omni_trio.bench)."""
+    from omni_trio import bench
+
+    argv = ["--json", args.json]
+    if args.quick:
+        argv.append("--quick")
+    if args.only:
+        argv += ["--only", args.only]
+    try:
+        return bench.main(argv)
+    except SystemExit as exc:  # a usage error (2), already printed by argparse
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: a ``manual`` process group's worker."""
+    from omni_trio.runtime.join import KeyFile
+    from omni_trio.runtime.worker_join import run_joined
+
+    add_app_dir(args.app_dir)
+    if not args.join.startswith("tcp://"):
+        raise UsageError(f"--join takes the caller's tcp://HOST:PORT, got {args.join!r}")
+    try:
+        key = KeyFile.read(Path(args.key))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if key.join != args.join:
+        raise UsageError(f"--join {args.join} is not the address in the key file ({key.join})")
+    run_joined(args.join, key)
+    return EXIT_OK  # run_joined exits the process itself
+
+
+def add_validate_parser(commands: Any) -> None:
+    """The ``validate`` command and its arguments, in ``commands`` (the parser's subparsers)."""
+    validate = commands.add_parser("validate", help="check a config file and that its hooks import",
+                                   description="Load CONFIG (TOML, JSON or YAML), validate it and import every "
+                                               "factory and hook. Lists every problem and exits 2 if any.")
+    validate.add_argument("config", metavar="CONFIG", help="pipeline config file (.toml, .json, .yaml)")
+    add_app_dir_option(validate)
+    validate.set_defaults(handler=cmd_validate)
+
+
+def add_parsers(commands: Any) -> None:
+    """``serve``, ``worker``, ``bench`` and ``reclaim`` with their arguments, in ``commands``."""
+    serve = commands.add_parser("serve", help="serve a pipeline over HTTP (OpenAI-compatible; docs/serving.md)",
+                                description="Open the pipeline of CONFIG and serve it with the OpenAI speech and "
+                                            "chat endpoints, /health and /metrics, until SIGINT or SIGTERM; then "
+                                            "drain and close. Prints one line, 'listening on http://HOST:PORT'.")
+    serve.add_argument("config", metavar="CONFIG", help="pipeline config file with a [serve] table")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
+    serve.add_argument("--deadline", type=float, metavar="S", help="per-request deadline in seconds (504 after)")
+    serve.add_argument("--trace", metavar="FILE", help="write a JSON-lines trace to FILE (workers write siblings)")
+    add_app_dir_option(serve)
+    serve.set_defaults(handler=cmd_serve)
+
+
+    worker = commands.add_parser("worker", help="join a running pipeline as its 'manual' process group",
+                                 description="Start the worker of a process group with launcher = \"manual\" "
+                                             "(docs/distributed.md): join the caller at --join with the run's key "
+                                             "file (written by the caller, mode 0600), serve until it ends.")
+    worker.add_argument("--join", required=True, metavar="tcp://HOST:PORT", help="the caller's join address")
+    worker.add_argument("--key", required=True, metavar="KEYFILE", help="the run's key file for this process")
+    add_app_dir_option(worker)
+    worker.set_defaults(handler=cmd_worker)
+
+
+    bench = commands.add_parser("bench", help="run the benchmark suite (python -m omni_trio.bench)",
+                                description="Run the benchmark suite: latency, throughput, tensor transfer, "
+                                            "streaming, start-up and idle cost of worker-process pipelines.")
+    bench.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
+    bench.add_argument("--json", default="out/bench.json", metavar="PATH",
+                       help="where to write the results (default: out/bench.json)")
+    bench.add_argument("--only", metavar="LIST", help="comma-separated workloads: W1..W8, floor, idle")
+    bench.set_defaults(handler=cmd_bench)
+
+
+    reclaim = commands.add_parser("reclaim", help="remove what runs of dead processes left (temp dir, /dev/shm)",
+                                  description="Remove the IPC directories and shared-memory segments of omni-trio "
+                                              "runs whose owner process is provably gone (pid and start time), of "
+                                              "this user only. open_pipeline does the same when it starts.")
+    reclaim.add_argument("--base", action="append", metavar="DIR",
+                         help="a directory that holds IPC directories (endpoints.base_path; default: the temp dir); "
+                              "repeatable")
+    reclaim.set_defaults(handler=cmd_reclaim)
