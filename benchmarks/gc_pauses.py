@@ -3,13 +3,13 @@
 Run: ``python benchmarks/gc_pauses.py [--requests 300] [--chunks 1000]`` (from the repository root, in the
 test venv). Starts the bench's W5 pipeline (``bench_stages.stream_config``: a talker streaming small int64
 chunks to a forwarding vocoder in another process), streams ``--requests`` requests one after the other,
-and prints, for each worker process, every full (generation 2) collection it ran and how long it took,
-the size of its permanent generation (``gc.get_freeze_count()``: what its full collections skip), and the
-requests' wall times (p50, p99, max).
+and prints, for each worker process and for the caller's, every full (generation 2) collection it ran and
+how long it took, the size of its permanent generation (``gc.get_freeze_count()``: what its full
+collections skip), and the requests' wall times (p50, p99, max).
 
 The stage code is the bench's; this script's factories only add a ``gc.callbacks`` hook in each worker
-(this module is imported there, as every stage module is) that appends each full collection's duration
-to a file of the worker's own in a temporary directory.
+(this module is imported there, as every stage module is), and the script the same hook in the caller,
+that appends each full collection's duration to a file of the process's own in a temporary directory.
 """
 
 from __future__ import annotations
@@ -91,15 +91,21 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryDirectory() as directory:
         os.environ[PAUSES_DIR] = directory
-        walls = trio.run(_run, args.requests, args.chunks)
+        caller_hook = _FullCollections(directory)
+        gc.callbacks.append(caller_hook)
+        try:
+            walls = trio.run(_run, args.requests, args.chunks)
+        finally:
+            gc.callbacks.remove(caller_hook)
         reports = {path.name: path.read_text().split("\n") for path in Path(directory).iterdir()}
     for pid, lines in sorted(reports.items()):
         rows = [line.split() for line in lines if line]
         pauses = ", ".join(f"{float(ms):.1f}" for ms, _ in rows)
-        print(f"worker {pid}: {len(rows)} full collections ({pauses} ms); permanent generation "
+        who = "caller" if int(pid) == os.getpid() else "worker"
+        print(f"{who} {pid}: {len(rows)} full collections ({pauses} ms); permanent generation "
               f"{rows[-1][1]} objects")
     if not reports:
-        print("no worker ran a full collection")
+        print("no process ran a full collection")
     hundredths = statistics.quantiles(walls, n=100, method="inclusive")
     print(f"{len(walls)} requests of {args.chunks} chunks: wall p50 {statistics.median(walls):.1f} / "
           f"p99 {hundredths[98]:.1f} / max {max(walls):.1f} ms")
