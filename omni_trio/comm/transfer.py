@@ -91,6 +91,11 @@ class _PayloadParts:
     request_id: str
     parts: tuple[Any, Any, Any, Any]  # inputs, params, metadata, data
 
+    def __reduce__(self) -> tuple[type[_PayloadParts], tuple[str, tuple[Any, Any, Any, Any]]]:
+        # As _PackedInline's: every payload hop pickles one; attrs' state dict cost ~3 µs more to write
+        # and ~1-2 µs more to read, cold, and 25 bytes more on the wire.
+        return (_PayloadParts, (self.request_id, self.parts))
+
     def payload(self, parts: Any) -> StagePayload:
         """The StagePayload, from these parts (or their tensor-restored copy)."""
         inputs, params, metadata, data = parts
