@@ -5,7 +5,8 @@ test venv). Starts the bench's W5 pipeline (``bench_stages.stream_config``: a ta
 chunks to a forwarding vocoder in another process), streams ``--requests`` requests one after the other,
 and prints, for each worker process and for the caller's, every full (generation 2) collection it ran and
 how long it took, the size of its permanent generation (``gc.get_freeze_count()``: what its full
-collections skip), and the requests' wall times (p50, p99, max).
+collections skip), each worker's private memory before and after the requests (what it no longer
+shares with the template it was forked from), and the requests' wall times (p50, p99, max).
 
 The stage code is the bench's; this script's factories only add a ``gc.callbacks`` hook in each worker
 (this module is imported there, as every stage module is), and the script the same hook in the caller,
@@ -28,6 +29,7 @@ import trio
 
 import omni_trio as ot
 from omni_trio import bench_stages
+from omni_trio.bench_measure import descendant_pids
 
 #: Where each worker appends its full collections (set by main() before the workers start).
 PAUSES_DIR = "OMNI_TRIO_GC_PAUSES_DIR"
@@ -69,17 +71,37 @@ def create_forwarding_vocoder() -> bench_stages.ForwardingVocoder:
     return bench_stages.create_forwarding_vocoder()
 
 
-async def _run(requests: int, chunks: int) -> list[float]:
+def _private_mb(pid: int) -> float:
+    """The memory ``pid`` holds for itself alone (Private_Clean + Private_Dirty of /proc/PID/smaps_rollup):
+    a forked worker's pages stay the template's until something writes to them."""
+    private_kb = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty"):
+            private_kb += int(value.split()[0])
+    return private_kb / 1024
+
+
+def _workers() -> list[int]:
+    return [pid for pid in descendant_pids(os.getpid())
+            if "omni_trio.runtime.worker" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+
+
+async def _run(requests: int, chunks: int) -> tuple[list[float], dict[int, tuple[float, float]]]:
+    """The requests' wall times (ms), and each worker's private memory (MB) before and after them."""
     walls: list[float] = []
     with trio.fail_after(120 + requests * chunks / 1000):
         async with ot.open_pipeline(bench_stages.stream_config(chunks, "benchmarks.gc_pauses")) as pipeline:
+            workers = _workers()
+            before = {pid: _private_mb(pid) for pid in workers}
             for i in range(requests):
                 start = time.perf_counter()
                 async with pipeline.stream(f"r{i}", "x", params={"chunks": chunks}) as events:
                     async for _ in events:
                         pass
                 walls.append((time.perf_counter() - start) * 1e3)
-    return walls
+            memory = {pid: (before[pid], _private_mb(pid)) for pid in workers}
+    return walls, memory
 
 
 def main() -> None:
@@ -94,18 +116,20 @@ def main() -> None:
         caller_hook = _FullCollections(directory)
         gc.callbacks.append(caller_hook)
         try:
-            walls = trio.run(_run, args.requests, args.chunks)
+            walls, memory = trio.run(_run, args.requests, args.chunks)
         finally:
             gc.callbacks.remove(caller_hook)
         reports = {path.name: path.read_text().split("\n") for path in Path(directory).iterdir()}
-    for pid, lines in sorted(reports.items()):
+    for name, lines in sorted(reports.items()):
         rows = [line.split() for line in lines if line]
         pauses = ", ".join(f"{float(ms):.1f}" for ms, _ in rows)
-        who = "caller" if int(pid) == os.getpid() else "worker"
-        print(f"{who} {pid}: {len(rows)} full collections ({pauses} ms); permanent generation "
+        who = "caller" if int(name) == os.getpid() else "worker"
+        print(f"{who} {name}: {len(rows)} full collections ({pauses} ms); permanent generation "
               f"{rows[-1][1]} objects")
     if not reports:
         print("no process ran a full collection")
+    for pid, (before, after) in sorted(memory.items()):
+        print(f"worker {pid}: private memory {before:.1f} MB before the requests, {after:.1f} MB after")
     hundredths = statistics.quantiles(walls, n=100, method="inclusive")
     print(f"{len(walls)} requests of {args.chunks} chunks: wall p50 {statistics.median(walls):.1f} / "
           f"p99 {hundredths[98]:.1f} / max {max(walls):.1f} ms")
