@@ -103,7 +103,9 @@ class EndpointsConfig:
 
 @attrs.frozen
 class StreamDeliveryConfig:
-    """Limits on stream output buffered for callers that read slowly."""
+    """Limits on stream output buffered for callers that read slowly: once the events queued for streaming
+    callers and not read yet weigh more than ``max_total_backlog_bytes``, the streams whose readers have
+    been idle longest fail with :class:`~omni_trio.RequestQueueFull` (:mod:`omni_trio.stream_backlog`)."""
 
     max_total_backlog_bytes: int = 1 << 30
 
@@ -434,10 +436,18 @@ def _group_problems(config: PipelineConfig) -> list[ConfigProblem]:
 
 
 def _admission_problems(config: PipelineConfig) -> list[ConfigProblem]:
+    problems = []
     limit = config.max_in_flight
-    if limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1):
-        return []
-    return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
+    if not (limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1)):
+        problems.append(
+            ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")
+        )
+    backlog = getattr(config.stream_delivery, "max_total_backlog_bytes", None)
+    if not (isinstance(backlog, int) and not isinstance(backlog, bool) and backlog >= 1):
+        problems.append(ConfigProblem(
+            "stream_delivery.max_total_backlog_bytes", f"expected a whole number of bytes >= 1, got {backlog!r}"
+        ))
+    return problems
 
 
 def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:

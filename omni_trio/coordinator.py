@@ -10,6 +10,7 @@ plane.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Awaitable, Callable, Collection
@@ -42,6 +43,7 @@ from omni_trio.request_stream import RequestStream
 from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.stats import StageStats
+from omni_trio.stream_backlog import StreamBacklog, event_bytes
 from omni_trio.tracing import Tracer, get_logger
 
 log = get_logger(__name__)
@@ -102,6 +104,7 @@ class Coordinator:
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
+        self._backlog = StreamBacklog(config.stream_delivery.max_total_backlog_bytes)
         #: Binds each request to a replica of every replicated group (None: there is none).
         self._replicas = replicas or None
 
@@ -151,6 +154,7 @@ class Coordinator:
             self._replicas.bind(request_id, request)
         if streaming:
             live.events, live.received = trio.open_memory_channel[Any](math.inf)
+            self._backlog.started(live)
         self._live[request_id] = live
         if deadline is not None:
             live.deadline_scope = trio.CancelScope(deadline=trio.current_time() + deadline)
@@ -253,6 +257,8 @@ class Coordinator:
             # A failed request's abort broadcast: once the caller hears of the failure, no stage
             # holds anything for the request.
             settled=self._aborts.settled,
+            taken=self._backlog.taken,
+            dropped=self._backlog.dropped,
         )
 
     async def abort(self, request_id: str) -> bool:
@@ -330,7 +336,36 @@ class Coordinator:
         if live.deadline_scope is not None:
             live.deadline_scope.cancel()
         if live.streaming:
-            live.events.send_nowait(result.error if isinstance(result, outcome.Error) else END_OF_STREAM)
+            self._queue(live, result.error if isinstance(result, outcome.Error) else END_OF_STREAM, 0)
+
+    def _queue(self, live: LiveRequest, event: Any, nbytes: int) -> None:
+        """Put ``event`` (weighing ``nbytes``) into ``live``'s stream; fail the idlest streams if that
+        puts the unread total over ``stream_delivery.max_total_backlog_bytes`` (SPEC §6.5)."""
+        live.events.send_nowait(event)
+        if self._backlog.queued(live, nbytes):
+            self._fail_idlest_streams()
+
+    def _fail_idlest_streams(self) -> None:
+        for live in self._backlog.to_fail():
+            unread = live.backlog_bytes
+            with contextlib.suppress(trio.WouldBlock):
+                while True:
+                    live.received.receive_nowait()
+            self._backlog.dropped(live)
+            error = RequestQueueFull(
+                live.request_id,
+                "coordinator",
+                f"{QUEUE_FULL_TEXT} Its stream's unread events ({unread} bytes) were dropped: the streams waiting "
+                f"for their readers held more than stream_delivery.max_total_backlog_bytes "
+                f"({self._backlog.limit_bytes}), and its reader had been idle longest",
+            )
+            log.warning("stream_backlog_exceeded", request_id=live.request_id, unread_bytes=unread,
+                        limit_bytes=self._backlog.limit_bytes)
+            if live.done.is_set():
+                self._queue(live, error, 0)  # resolved already: its reader gets the failure instead of the rest
+            else:
+                self._resolve(live, outcome.Error(error))
+                self._aborts.start(live.request_id)
 
     async def _expire(self, live: LiveRequest, scope: trio.CancelScope, seconds: float) -> None:
         with scope:
@@ -355,7 +390,7 @@ class Coordinator:
         if from_stage not in live.expected:
             return
         if live.streaming:
-            live.events.send_nowait(CompleteMessage(request_id, from_stage, True, result))
+            self._queue(live, CompleteMessage(request_id, from_stage, True, result), event_bytes(result))
         if len(live.expected) == 1:
             final = result
         else:
@@ -371,7 +406,8 @@ class Coordinator:
         """A terminal stage streamed a chunk; queue it for a streaming caller."""
         live = self._live.get(request_id)
         if live is not None and live.streaming:
-            live.events.send_nowait(StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id))
+            message = StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id)
+            self._queue(live, message, event_bytes(chunk))
 
     def retire_unknown(self, request_ids: Collection[str]) -> list[str]:
         """Stages hold ``request_ids``: abort everywhere those this coordinator no longer knows.

@@ -32,7 +32,9 @@ class RequestStream:
     ``admit`` admits the request (it raises what admission refuses), ``send``
     sends it, ``abort`` resolves it with an error and starts its abort
     everywhere (the event fires once that is done), ``settled`` waits for a
-    failed request's abort broadcast.
+    failed request's abort broadcast. ``taken(live)`` is told of every event
+    the reader takes and ``dropped(live)`` when what is still queued will not
+    be read (:class:`~omni_trio.stream_backlog.StreamBacklog`).
     """
 
     def __init__(
@@ -43,12 +45,16 @@ class RequestStream:
         send: Callable[[LiveRequest], Awaitable[None]],
         abort: Callable[[LiveRequest, RequestError], trio.Event],
         settled: Callable[[str], Awaitable[None]],
+        taken: Callable[[LiveRequest], None],
+        dropped: Callable[[LiveRequest], None],
     ) -> None:
         self.request_id = request_id
         self._admit = admit
         self._send = send
         self._abort = abort
         self._settled = settled
+        self._taken = taken
+        self._dropped = dropped
         self._live: LiveRequest | None = None
         self._finished = False
         self._token: trio.lowlevel.TrioToken | None = None
@@ -109,7 +115,10 @@ class RequestStream:
             event = live.received.receive_nowait()
         except trio.WouldBlock:
             self._taken_at_once = 0
-            return await live.received.receive()
+            event = await live.received.receive()
+            self._taken(live)
+            return event
+        self._taken(live)
         self._taken_at_once += 1
         if self._taken_at_once >= EVENTS_PER_YIELD:
             self._taken_at_once = 0
@@ -121,12 +130,13 @@ class RequestStream:
         # aclose: the request would run on in the stages. Collected, the stream aborts it from the
         # trio loop (run_sync_soon may be called from __del__, on any thread).
         live = self._live
-        if live is None or live.done.is_set() or self._token is None:
+        if live is None or self._token is None or (live.done.is_set() and not live.backlog_bytes):
             return
         with contextlib.suppress(trio.RunFinishedError):  # the loop is gone, and the pipeline with it
             self._token.run_sync_soon(self._abort_dropped, live)
 
     def _abort_dropped(self, live: LiveRequest) -> None:
+        self._dropped(live)  # nobody reads what is queued
         if live.done.is_set():
             return
         try:
@@ -138,6 +148,8 @@ class RequestStream:
         """Stop reading; a request still running is aborted everywhere."""
         self._finished = True
         live = self._live
+        if live is not None:
+            self._dropped(live)
         if live is not None and not live.done.is_set():
             with trio.CancelScope(shield=True):
                 await self._abort(live, RequestAborted(self.request_id, "closed by its reader")).wait()

@@ -11,6 +11,7 @@ from omni_trio.events import StreamMessage
 from omni_trio.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.payload import OmniRequest
 from omni_trio.request_stream import EVENTS_PER_YIELD, RequestStream
+from omni_trio.stream_backlog import StreamBacklog
 
 
 def queued_stream(chunks: int, aborts: list[RequestError], *, ended: bool) -> RequestStream:
@@ -18,11 +19,14 @@ def queued_stream(chunks: int, aborts: list[RequestError], *, ended: bool) -> Re
     coordinator finishes one: resolved, then the end queued); its aborts go to ``aborts``."""
     live = LiveRequest("r0", OmniRequest("x"), frozenset({"voc"}), True)
     live.events, live.received = trio.open_memory_channel[object](math.inf)
+    backlog = StreamBacklog(1 << 30)
     for i in range(chunks):
         live.events.send_nowait(StreamMessage("r0", "voc", i, chunk_id=i))
+        backlog.queued(live, 0)
     if ended:
         live.done.set()
         live.events.send_nowait(END_OF_STREAM)
+        backlog.queued(live, 0)
 
     async def send(_: LiveRequest) -> None:
         pass
@@ -37,7 +41,8 @@ def queued_stream(chunks: int, aborts: list[RequestError], *, ended: bool) -> Re
     async def settled(_: str) -> None:
         pass
 
-    return RequestStream("r0", admit=lambda: live, send=send, abort=abort, settled=settled)
+    return RequestStream("r0", admit=lambda: live, send=send, abort=abort, settled=settled,
+                         taken=backlog.taken, dropped=backlog.dropped)
 
 
 async def test_a_reader_that_never_waits_still_lets_its_neighbours_run() -> None:
