@@ -299,6 +299,7 @@ class Coordinator:
             undeliverable=self._directory.undeliverable(),
             superseded_messages=self._directory.superseded_messages(),
             sent_bytes=self._directory.sent_bytes(),
+            stream_backlog_bytes=self._backlog.total,
         )
 
     def live_request_ids(self) -> set[str]:

@@ -52,6 +52,9 @@ class PipelineStats:
     #: Tensor bytes the coordinator sent (submitted inputs), ``{entry stage: {transport: bytes}}``, since
     #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
     sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)
+    #: Bytes of the stream events queued for streaming callers and not read yet, all requests together
+    #: (what ``stream_delivery.max_total_backlog_bytes`` caps; see :mod:`omni_trio.stream_backlog`).
+    stream_backlog_bytes: int = 0
 
     @property
     def degraded(self) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omni_trio.comm.router import COORDINATOR
@@ -24,6 +24,7 @@ from omni_trio.stage.replicas import logical_name
 
 BUSY_NAME = "omni_trio_stage_busy_seconds"
 EDGE_NAME = "omni_trio_edge_bytes"
+BACKLOG_NAME = "omni_trio_stream_backlog_bytes"
 
 
 class _Gains:
@@ -41,7 +42,8 @@ class _Gains:
 
 
 class RuntimeTotals(Collector):
-    """``omni_trio_stage_busy_seconds_total{stage}`` and ``omni_trio_edge_bytes_total{from_stage,to_stage,transport}``.
+    """``omni_trio_stage_busy_seconds_total{stage}``, ``omni_trio_edge_bytes_total{from_stage,to_stage,transport}``
+    and the gauge ``omni_trio_stream_backlog_bytes`` (the last snapshot's unread stream bytes).
 
     Call :meth:`observe` with each new snapshot, one at a time, in the order
     they were taken; ``collect`` (the registry's scrape) reports the totals.
@@ -50,9 +52,11 @@ class RuntimeTotals(Collector):
     def __init__(self) -> None:
         self._busy = _Gains()
         self._edges = _Gains()
+        self._backlog = 0
 
     def observe(self, stats: PipelineStats) -> None:
         """Add what ``stats`` gained since the previous snapshot."""
+        self._backlog = stats.stream_backlog_bytes
         senders = [(COORDINATOR, stats.sent_bytes)]
         for address, stage in stats.stages.items():
             self._busy.read((address,), (logical_name(address),), stage.busy_seconds)
@@ -64,7 +68,7 @@ class RuntimeTotals(Collector):
                     self._edges.read((address, receiver, transport), labels, nbytes)
 
     def collect(self) -> Iterator[Metric]:
-        """The two counter families, one sample per stage and per used edge and transport."""
+        """The two counter families, one sample per stage and per used edge and transport, and the gauge."""
         busy = CounterMetricFamily(
             BUSY_NAME, "compute-seconds each stage spent in user compute, summed over its threads and replicas",
             labels=["stage"],
@@ -79,3 +83,9 @@ class RuntimeTotals(Collector):
             edges.add_metric(list(labels), nbytes)
         yield busy
         yield edges
+        yield GaugeMetricFamily(
+            BACKLOG_NAME,
+            "bytes of stream events queued for streaming callers and not read yet (capped by "
+            "stream_delivery.max_total_backlog_bytes)",
+            value=self._backlog,
+        )

@@ -82,6 +82,7 @@ async def test_the_idlest_stream_fails_with_queue_full_and_the_others_go_on() ->
             async with pipeline.stream("idle", "x", params={"chunk_numels": [4 * KB] * 3}) as idle:
                 # The stage serves requests in turn: once this one is done, all of "idle" is queued.
                 await pipeline.submit("barrier", "x", params={"chunk_numels": []})
+                assert (await pipeline.stats()).stream_backlog_bytes == 48 * KB
                 # A 32 KiB result for a reader that waits for it: 80 KiB queued, over the limit.
                 async with pipeline.stream("active", "x", params={"result_numel": 8 * KB}) as active:
                     events = [event async for event in active]
@@ -94,6 +95,7 @@ async def test_the_idlest_stream_fails_with_queue_full_and_the_others_go_on() ->
             async with pipeline.stream("again", "x", params={"chunk_numels": [4 * KB] * 3}) as again:
                 chunks = [event async for event in again if isinstance(event, ot.StreamMessage)]
             assert [chunk.chunk.numel() for chunk in chunks] == [4 * KB] * 3
+            assert (await pipeline.stats()).stream_backlog_bytes == 0
 
 
 def test_the_limit_is_validated() -> None:

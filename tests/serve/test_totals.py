@@ -108,3 +108,20 @@ def test_replicas_are_counted_each_on_its_own_and_exported_as_one_stage() -> Non
     totals.observe(_pipeline(voc_r0=_stage(healthy=False), voc_r1=_stage(2.5)))  # r0 restarting
     totals.observe(_pipeline(voc_r0=_stage(0.5), voc_r1=_stage(3.0)))
     assert _samples(totals) == {_busy("voc"): 1.0 + 0.5 + 3.0}
+
+
+def test_the_unread_stream_bytes_are_a_gauge_of_the_last_snapshot() -> None:
+    totals = RuntimeTotals()
+    registry = CollectorRegistry()
+    registry.register(totals)
+
+    def gauge() -> float:
+        families = text_string_to_metric_families(generate_latest(registry).decode())
+        (value,) = [s.value for f in families for s in f.samples if s.name == "omni_trio_stream_backlog_bytes"]
+        return value
+
+    assert gauge() == 0
+    totals.observe(attrs.evolve(_pipeline(voc=_stage()), stream_backlog_bytes=48 * 1024))
+    assert gauge() == 48 * 1024
+    totals.observe(_pipeline(voc=_stage()))  # read since: it goes down, as a gauge does
+    assert gauge() == 0
