@@ -329,17 +329,14 @@ def _stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Con
         )
     if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
         problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
-    if stage.comm is not None and (
-        not isinstance(stage.comm.pool_mb, int) or isinstance(stage.comm.pool_mb, bool) or stage.comm.pool_mb < 0
-    ):
+    if stage.comm is not None and not _is_whole(stage.comm.pool_mb, 0):
         problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
     problems += _process_problems(f"{at}.process", stage.process)
     if stage.restart not in RESTART_POLICIES:
         problems.append(
             ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")
         )
-    # bool is an int subclass, but max_restarts=True is surely a mistake.
-    if not isinstance(stage.max_restarts, int) or isinstance(stage.max_restarts, bool) or stage.max_restarts < 0:
+    if not _is_whole(stage.max_restarts, 0):
         problems.append(
             ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
         )
@@ -356,7 +353,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
     if isinstance(stage.name, str) and REPLICA_SUFFIX.search(stage.name):
         problems.append(ConfigProblem(f"{at}.name", f"{stage.name!r} ends like a replica's name (@r<digits>)"))
     count = stage.replicas
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+    if not _is_whole(count, 1):
         return [*problems, ConfigProblem(f"{at}.replicas", f"expected a whole number >= 1, got {count!r}")]
     if count > 1 and stage.process is None:
         problems.append(
@@ -436,23 +433,23 @@ def _group_problems(config: PipelineConfig) -> list[ConfigProblem]:
 
 
 def _admission_problems(config: PipelineConfig) -> list[ConfigProblem]:
-    problems = []
     limit = config.max_in_flight
-    if not (limit is None or (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1)):
-        problems.append(
-            ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")
-        )
-    backlog = getattr(config.stream_delivery, "max_total_backlog_bytes", None)
-    if not (isinstance(backlog, int) and not isinstance(backlog, bool) and backlog >= 1):
-        problems.append(ConfigProblem(
-            "stream_delivery.max_total_backlog_bytes", f"expected a whole number of bytes >= 1, got {backlog!r}"
-        ))
-    return problems
+    if limit is None or _is_whole(limit, 1):
+        return []
+    return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
+
+
+def _stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[ConfigProblem]:
+    backlog = stream_delivery.max_total_backlog_bytes
+    if _is_whole(backlog, 1):
+        return []
+    problem = f"expected a whole number of bytes >= 1, got {backlog!r}"
+    return [ConfigProblem("stream_delivery.max_total_backlog_bytes", problem)]
 
 
 def _endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
     size = endpoints.max_message_bytes
-    if isinstance(size, int) and not isinstance(size, bool) and size >= MIN_MESSAGE_BYTES:
+    if _is_whole(size, MIN_MESSAGE_BYTES):
         return []
     return [
         ConfigProblem(
@@ -480,6 +477,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_whole(value: object, minimum: int) -> bool:
+    # bool is an int subclass, but a count of True is surely a mistake.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def _serve_problems(serve: object) -> list[ConfigProblem]:
     if serve is None:
         return []
@@ -492,14 +494,14 @@ def _serve_problems(serve: object) -> list[ConfigProblem]:
     if not isinstance(serve.adapter_options, dict):
         problems.append(ConfigProblem("serve.adapter_options", "expected a table of keyword arguments"))
     body = serve.max_body_bytes
-    if not isinstance(body, int) or isinstance(body, bool) or body < 1:
+    if not _is_whole(body, 1):
         problems.append(ConfigProblem("serve.max_body_bytes", f"expected a whole number >= 1, got {body!r}"))
     if not _is_number(serve.grace_period_s) or serve.grace_period_s < 0:
         problems.append(ConfigProblem("serve.grace_period_s", f"expected seconds >= 0, got {serve.grace_period_s!r}"))
     if serve.deadline_s is not None and (not _is_number(serve.deadline_s) or serve.deadline_s <= 0):
         problems.append(ConfigProblem("serve.deadline_s", f"expected seconds > 0 or None, got {serve.deadline_s!r}"))
     retry = serve.retry_after_s
-    if not isinstance(retry, int) or isinstance(retry, bool) or retry < 0:
+    if not _is_whole(retry, 0):
         problems.append(ConfigProblem("serve.retry_after_s", f"expected a whole number >= 0, got {retry!r}"))
     return problems
 
@@ -606,6 +608,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += _group_problems(config)
     problems += hook_path_problems("replica_policy", config.replica_policy)
     problems += _admission_problems(config)
+    problems += _stream_delivery_problems(config.stream_delivery)
     problems += _endpoints_problems(config.endpoints)
     problems += _start_method_problems(config)
     problems += _serve_problems(config.serve)
