@@ -26,9 +26,6 @@ __all__ = ["StreamBacklog", "event_bytes"]
 
 def event_bytes(value: Any) -> int:
     """The bytes a queued chunk or result counts for (see the module docstring)."""
-    nbytes = getattr(value, "nbytes", None)  # a tensor, an array, a memoryview: the common chunk, first
-    if type(nbytes) is int:
-        return nbytes
     if isinstance(value, StagePayload):
         value = value.data
     if type(value) is dict:
@@ -37,10 +34,10 @@ def event_bytes(value: Any) -> int:
 
 
 def _leaf_bytes(value: Any) -> int:
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    nbytes = getattr(value, "nbytes", None)
-    return nbytes if type(nbytes) is int else 0
+    nbytes = getattr(value, "nbytes", None)  # a tensor, an array, a memoryview
+    if type(nbytes) is int:
+        return nbytes
+    return len(value) if isinstance(value, (bytes, bytearray)) else 0
 
 
 class StreamBacklog:

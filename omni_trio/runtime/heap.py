@@ -20,11 +20,10 @@ import gc
 __all__ = ["freeze_startup_heap"]
 
 
-def freeze_startup_heap() -> int:
-    """Move every object the collector tracks now to the permanent generation; returns that generation's size.
+def freeze_startup_heap() -> None:
+    """Move every object the collector tracks now to the permanent generation.
 
     Call it once start-up is over (imports done, stages built), never on a hot path: it is cheap
     (no object is walked) but everything frozen stays for the life of the process.
     """
     gc.freeze()
-    return gc.get_freeze_count()
