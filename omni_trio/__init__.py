@@ -17,8 +17,8 @@ from omni_trio.config import (
     ServeConfig,
     StageConfig,
     StreamDeliveryConfig,
+    load_config,
 )
-from omni_trio.configfile import load_config
 from omni_trio.coordinator import Coordinator
 from omni_trio.errors import (
     ConfigError,

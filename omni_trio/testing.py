@@ -82,7 +82,7 @@ def placed(config: PipelineConfig | dict[str, Any], placement: str) -> PipelineC
     """
     import attrs
 
-    from omni_trio.configfile import config_from_dict
+    from omni_trio.config.load import config_from_dict
 
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; use one of {', '.join(PLACEMENTS)}")

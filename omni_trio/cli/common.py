@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from omni_trio.config import PipelineConfig, check_imports
-from omni_trio.configfile import load_config
+from omni_trio.config import PipelineConfig, check_imports, load_config
 from omni_trio.errors import ConfigError
 
 EXIT_OK = 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import omni_trio as ot
-from omni_trio.configfile import config_from_dict
+from omni_trio.config.load import config_from_dict
 from omni_trio.processes import host_of
 from tests.placement import stage
 

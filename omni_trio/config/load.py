@@ -2,7 +2,7 @@
 
 :func:`load_config` reads a file through cattrs into :class:`PipelineConfig`
 (unknown keys are errors, every problem reported with its path);
-:func:`~omni_trio.configwrite.save_config` writes one back (``PipelineConfig.to_file``). Both pick
+:func:`~omni_trio.config.save.save_config` writes one back (``PipelineConfig.to_file``). Both pick
 the format from the suffix.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
 
-from omni_trio.config import PipelineConfig
-from omni_trio.configwrite import converter, file_format, yaml_module
+from omni_trio.config.pipeline import PipelineConfig
+from omni_trio.config.save import converter, file_format, yaml_module
 from omni_trio.errors import ConfigError, ConfigProblem
 
 

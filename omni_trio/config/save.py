@@ -1,4 +1,4 @@
-"""Writing pipeline configs to files, and what reading them (:mod:`omni_trio.configfile`) shares:
+"""Writing pipeline configs to files, and what reading them (:mod:`omni_trio.config.load`) shares:
 the cattrs converter and the formats by suffix (TOML, JSON, and YAML when PyYAML is installed).
 
 It knows no config class (:class:`~omni_trio.config.PipelineConfig` writes itself through it), so

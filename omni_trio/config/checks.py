@@ -1,0 +1,350 @@
+"""The checks behind :class:`~omni_trio.config.PipelineConfig`'s validation, each returning every problem
+of its part with the problem's path: the stage list, each stage, the process groups, the graph, and
+each pipeline-wide setting. ``PipelineConfig`` runs them all on construction
+(:func:`~omni_trio.config.pipeline.validate`); whether hooks import is
+:func:`~omni_trio.config.check_imports`' job, when a pipeline opens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
+from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, RESTART_POLICIES, StageConfig
+from omni_trio.errors import ConfigProblem
+from omni_trio.hooks import did_you_mean, hook_path_problems
+
+# A worker's name names its socket and spec files: one plain path component.
+_PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.launch`).
+START_METHODS = ("template", "spawn")
+
+
+def stage_list_problems(stages: Sequence[object]) -> list[ConfigProblem]:
+    """What makes ``stages`` unfit for the other checks: none at all, an entry that is not a
+    :class:`StageConfig`, a name given twice."""
+    if not stages:
+        return [ConfigProblem("stages", "a pipeline needs at least one stage")]
+    problems: list[ConfigProblem] = []
+    names: set[str] = set()
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, StageConfig):
+            problems.append(ConfigProblem(f"stages[{i}]", f"expected a StageConfig, got {type(stage).__name__}"))
+            continue
+        if stage.name in names:
+            problems.append(ConfigProblem(f"stages[{i}].name", f"duplicate stage name {stage.name!r}"))
+        names.add(stage.name)
+    return problems
+
+
+def _unknown(name: object, known: set[str]) -> str | None:
+    if not isinstance(name, str):
+        return f"stage names are strings, got {type(name).__name__}"
+    if name not in known:
+        return f"{name!r} is not a stage{did_you_mean(name, known)}"
+    return None
+
+
+def _check_names(path: str, value: object, known: set[str]) -> list[ConfigProblem]:
+    problems = []
+    if isinstance(value, str):
+        message = _unknown(value, known)
+        if message:
+            problems.append(ConfigProblem(path, message))
+    elif isinstance(value, list):
+        for index, name in enumerate(value):
+            message = _unknown(name, known)
+            if message:
+                problems.append(ConfigProblem(f"{path}[{index}]", message))
+    else:
+        problems.append(
+            ConfigProblem(path, f"expected a stage name or a list of names, got {type(value).__name__}")
+        )
+    return problems
+
+
+def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[ConfigProblem]:
+    at = f"stages[{index}]"
+    problems: list[ConfigProblem] = []
+    if not isinstance(stage.name, str) or not stage.name:
+        problems.append(ConfigProblem(f"{at}.name", "a stage needs a non-empty string name"))
+    for field in ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
+        problems += hook_path_problems(f"{at}.{field}", getattr(stage, field))
+    if not isinstance(stage.factory, dict):
+        problems.append(ConfigProblem(f"{at}.factory", "expected a dict of factory keyword arguments"))
+    has_next = stage.next is not None and stage.next != []
+    if has_next and stage.terminal:
+        problems.append(ConfigProblem(f"{at}", "set either 'next' or 'terminal=True', not both"))
+    if not has_next and not stage.terminal:
+        problems.append(ConfigProblem(f"{at}", "set 'next' (downstream stages) or 'terminal=True'"))
+    if has_next:
+        problems += _check_names(f"{at}.next", stage.next, known)
+    if stage.route_fn is not None and stage.terminal:
+        problems.append(ConfigProblem(f"{at}.route_fn", "a terminal stage routes nowhere; remove route_fn"))
+    if stage.wait_for is not None:
+        problems += _check_names(f"{at}.wait_for", stage.wait_for, known)
+        if not stage.wait_for:
+            problems.append(ConfigProblem(f"{at}.wait_for", "an empty fan-in waits for nothing; remove it"))
+        if stage.merge_fn is None:
+            problems.append(ConfigProblem(f"{at}.merge_fn", "wait_for needs a merge_fn to combine the inputs"))
+    elif stage.merge_fn is not None:
+        problems.append(ConfigProblem(f"{at}.merge_fn", "merge_fn is only used with wait_for"))
+    if stage.wait_for_fn is not None and stage.wait_for is None:
+        problems.append(ConfigProblem(f"{at}.wait_for_fn", "wait_for_fn needs wait_for (the static sources)"))
+    if not isinstance(stage.project_payload, dict):
+        problems.append(ConfigProblem(f"{at}.project_payload", "expected a map of target stage -> dotted path"))
+    else:
+        for target, hook in stage.project_payload.items():
+            message = _unknown(target, known)
+            if message:
+                problems.append(ConfigProblem(f"{at}.project_payload[{target!r}]", message))
+            elif target not in stage.next_stages:
+                problems.append(
+                    ConfigProblem(f"{at}.project_payload[{target!r}]", f"{target!r} is not in this stage's next")
+                )
+            problems += hook_path_problems(f"{at}.project_payload[{target!r}]", hook)
+    problems += _check_names(f"{at}.stream_to", stage.stream_to, known)
+    if stage.stream_done_to_fn is not None and not stage.stream_to:
+        problems.append(
+            ConfigProblem(f"{at}.stream_done_to_fn", "stream_done_to_fn needs stream_to (the stream targets)")
+        )
+    if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
+        problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
+    if stage.comm is not None and not _is_whole(stage.comm.pool_mb, 0):
+        problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
+    problems += _process_problems(f"{at}.process", stage.process)
+    if stage.restart not in RESTART_POLICIES:
+        problems.append(
+            ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")
+        )
+    if not _is_whole(stage.max_restarts, 0):
+        problems.append(
+            ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
+        )
+    backoff = stage.restart_backoff_s
+    if not isinstance(backoff, (int, float)) or isinstance(backoff, bool) or not 0 <= backoff < float("inf"):
+        problems.append(
+            ConfigProblem(f"{at}.restart_backoff_s", f"expected a number of seconds >= 0, got {backoff!r}")
+        )
+    return problems + _replica_problems(at, stage)
+
+
+def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    if isinstance(stage.name, str) and REPLICA_SUFFIX.search(stage.name):
+        problems.append(ConfigProblem(f"{at}.name", f"{stage.name!r} ends like a replica's name (@r<digits>)"))
+    count = stage.replicas
+    if not _is_whole(count, 1):
+        return [*problems, ConfigProblem(f"{at}.replicas", f"expected a whole number >= 1, got {count!r}")]
+    if count > 1 and stage.process is None:
+        problems.append(
+            ConfigProblem(
+                f"{at}.replicas",
+                f"replicas={count} needs worker processes: an embedded stage (process=None) runs once, "
+                "in the caller's process; set process",
+            )
+        )
+    problems += hook_path_problems(f"{at}.replica_policy", stage.replica_policy)
+    overrides = stage.replica_factory
+    if overrides is None:
+        return problems
+    if not isinstance(overrides, list) or len(overrides) != count:
+        got = f"{len(overrides)} entries" if isinstance(overrides, list) else type(overrides).__name__
+        problems.append(
+            ConfigProblem(f"{at}.replica_factory", f"expected a list of {count} dicts (one per replica), got {got}")
+        )
+        return problems
+    for k, entry in enumerate(overrides):
+        if not isinstance(entry, dict):
+            problems.append(
+                ConfigProblem(f"{at}.replica_factory[{k}]", f"expected a dict of factory kwargs, got {entry!r}")
+            )
+    return problems
+
+
+def _process_problems(at: str, process: object) -> list[ConfigProblem]:
+    if process is None:
+        return []
+    if process == MAIN_PROCESS:
+        message = f"{MAIN_PROCESS!r} is the caller's own process: use process=None to run a stage there"
+        return [ConfigProblem(at, message)]
+    if not isinstance(process, str) or not _PROCESS_NAME.fullmatch(process):
+        return [
+            ConfigProblem(
+                at,
+                f"expected a worker process name of letters, digits, '_', '.' and '-' (up to 64), or None "
+                f"for the caller's process, got {process!r}",
+            )
+        ]
+    return []
+
+
+#: Settings of a whole process group, which its stages must agree on, and what each is called in an error.
+_GROUP_FIELDS = {
+    "restart": "restart policy",
+    "max_restarts": "restart policy",
+    "restart_backoff_s": "restart policy",
+    "replicas": "replica count (a group is replicated together)",
+    "replica_policy": "replica policy",
+}
+
+
+def group_problems(stages: list[StageConfig]) -> list[ConfigProblem]:
+    """The restart policy and the replicas belong to a process: its stages must not disagree about them."""
+    problems: list[ConfigProblem] = []
+    first: dict[str, tuple[int, StageConfig]] = {}
+    for i, stage in enumerate(stages):
+        if stage.process is None:
+            continue
+        if stage.process not in first:
+            first[stage.process] = (i, stage)
+            continue
+        j, other = first[stage.process]
+        for field, what in _GROUP_FIELDS.items():
+            mine, theirs = getattr(stage, field), getattr(other, field)
+            if mine != theirs:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].{field}",
+                        f"{field}={mine!r} differs from {field}={theirs!r} of stages[{j}] ({other.name!r}) in "
+                        f"the same process {stage.process!r}; all stages of one process share its {what}",
+                    )
+                )
+    return problems
+
+
+def admission_problems(limit: object) -> list[ConfigProblem]:
+    if limit is None or _is_whole(limit, 1):
+        return []
+    return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
+
+
+def stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[ConfigProblem]:
+    backlog = stream_delivery.max_total_backlog_bytes
+    if _is_whole(backlog, 1):
+        return []
+    problem = f"expected a whole number of bytes >= 1, got {backlog!r}"
+    return [ConfigProblem("stream_delivery.max_total_backlog_bytes", problem)]
+
+
+def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
+    size = endpoints.max_message_bytes
+    if _is_whole(size, MIN_MESSAGE_BYTES):
+        return []
+    return [
+        ConfigProblem(
+            "endpoints.max_message_bytes",
+            f"expected a whole number of bytes >= {MIN_MESSAGE_BYTES} (inline messages must fit), got {size!r}",
+        )
+    ]
+
+
+def start_method_problems(method: object) -> list[ConfigProblem]:
+    if method in START_METHODS:
+        return []
+    return [ConfigProblem(
+        "start_method",
+        f"expected 'template' (fork workers from one preloaded process, the default) or 'spawn' "
+        f"(a fresh interpreter per worker), got {method!r}",
+    )]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_whole(value: object, minimum: int) -> bool:
+    # bool is an int subclass, but a count of True is surely a mistake.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def serve_problems(serve: object) -> list[ConfigProblem]:
+    if serve is None:
+        return []
+    if not isinstance(serve, ServeConfig):
+        return [ConfigProblem("serve", f"expected a ServeConfig, got {type(serve).__name__}")]
+    problems = []
+    if not isinstance(serve.model, str) or not serve.model:
+        problems.append(ConfigProblem("serve.model", f"expected a non-empty model id, got {serve.model!r}"))
+    problems += hook_path_problems("serve.adapter", serve.adapter)
+    if not isinstance(serve.adapter_options, dict):
+        problems.append(ConfigProblem("serve.adapter_options", "expected a table of keyword arguments"))
+    body = serve.max_body_bytes
+    if not _is_whole(body, 1):
+        problems.append(ConfigProblem("serve.max_body_bytes", f"expected a whole number >= 1, got {body!r}"))
+    if not _is_number(serve.grace_period_s) or serve.grace_period_s < 0:
+        problems.append(ConfigProblem("serve.grace_period_s", f"expected seconds >= 0, got {serve.grace_period_s!r}"))
+    if serve.deadline_s is not None and (not _is_number(serve.deadline_s) or serve.deadline_s <= 0):
+        problems.append(ConfigProblem("serve.deadline_s", f"expected seconds > 0 or None, got {serve.deadline_s!r}"))
+    retry = serve.retry_after_s
+    if not _is_whole(retry, 0):
+        problems.append(ConfigProblem("serve.retry_after_s", f"expected a whole number >= 0, got {retry!r}"))
+    return problems
+
+
+def graph_problems(stages: list[StageConfig], entry: str) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    by_name = {stage.name: stage for stage in stages}
+    known = set(by_name)
+    index_of = {stage.name: i for i, stage in enumerate(stages)}
+    edges = {stage.name: [n for n in stage.next_stages + stage.stream_to if n in known] for stage in stages}
+    for i, stage in enumerate(stages):
+        for j, source in enumerate(stage.wait_for or []):
+            if source in known and stage.name not in by_name[source].next_stages:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].wait_for[{j}]",
+                        f"{source!r} does not route to {stage.name!r}; add it to {source!r}'s next",
+                    )
+                )
+        for target in stage.stream_to:
+            if target in known and not by_name[target].can_accept_stream_before_payload:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].stream_to",
+                        f"{target!r} may receive chunks before its payload; "
+                        "set can_accept_stream_before_payload=True on it",
+                        severity="warning",
+                    )
+                )
+    if entry not in known:
+        problems.append(ConfigProblem("entry_stage", f"{entry!r} is not a stage{did_you_mean(entry, known)}"))
+        return problems
+    reachable, frontier = {entry}, [entry]
+    while frontier:
+        for target in edges[frontier.pop()]:
+            if target not in reachable:
+                reachable.add(target)
+                frontier.append(target)
+    for stage in stages:
+        if stage.name not in reachable:
+            problems.append(
+                ConfigProblem(f"stages[{index_of[stage.name]}]", f"{stage.name!r} is unreachable from {entry!r}")
+            )
+    if not any(by_name[name].terminal for name in reachable):
+        problems.append(ConfigProblem("stages", f"no terminal stage is reachable from {entry!r}"))
+    problems += _cycle_problems(stages, known)
+    return problems
+
+
+def _cycle_problems(stages: list[StageConfig], known: set[str]) -> list[ConfigProblem]:
+    # A stage routing to itself is allowed (iterative stages); longer cycles are not.
+    successors = {s.name: [n for n in s.next_stages if n in known and n != s.name] for s in stages}
+    state: dict[str, int] = {}
+    problems: list[ConfigProblem] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in successors[name]:
+            if state.get(target) == 1:
+                cycle = [*trail[trail.index(target) :], target]
+                problems.append(ConfigProblem("stages", f"cycle through next: {' -> '.join(cycle)}"))
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[name] = 2
+
+    for stage in stages:
+        if stage.name not in state:
+            visit(stage.name, [stage.name])
+    return problems
