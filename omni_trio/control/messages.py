@@ -313,7 +313,7 @@ class Stream(ControlMessage):
 
     request_id: str = attrs.field(validator=_nonempty_str)
     from_stage: str = attrs.field(validator=_nonempty_str)
-    chunk_id: int = attrs.field(validator=_opt_chunk_id)
+    chunk_id: int = attrs.field(validator=_nonneg_int)
     data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
     modality: str | None = attrs.field(default=None, validator=_opt_str)
     chunk_count: int = attrs.field(default=1, validator=_chunk_count)

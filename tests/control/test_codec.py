@@ -179,6 +179,7 @@ def test_large_bytes_travel_out_of_band() -> None:
             {"request_id": "r", "from_stage": "a", "chunk_id": 0, "data_ref": {}, "chunk_count": 1.0},
             "chunk_count",
         ),
+        ("stream", {"request_id": "r", "from_stage": "a", "chunk_id": None, "data_ref": {}}, "chunk_id"),
         (
             "data_ack",
             {"request_id": "r", "from_stage": "b", "to_stage": "a", "object_id": "o", "success": False},
