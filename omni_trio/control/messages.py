@@ -404,7 +404,7 @@ class Join(ControlMessage):
 
     process: str = attrs.field(validator=_process_name)
     endpoint: str = attrs.field(validator=_nonempty_str)
-    pid: int = attrs.field(validator=attrs.validators.instance_of(int))
+    pid: int = attrs.field(validator=_nonneg_int)
 
 
 @message("join_spec")
@@ -412,7 +412,7 @@ class Join(ControlMessage):
 class JoinSpec(ControlMessage):
     """Runner → a joined ``manual`` worker: its pickled WorkerSpec (opened only after the run's proof)."""
 
-    spec: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
+    spec: bytes = attrs.field(validator=_exact(bytes))
 
 
 @message("stats_request")
