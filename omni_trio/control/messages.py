@@ -18,13 +18,16 @@ equal to their default are omitted on the wire).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 
+from omni_trio.control import fields
+from omni_trio.control.fields import MAX_CHUNKS_PER_MESSAGE
+
 __all__ = [
+    "MAX_CHUNKS_PER_MESSAGE",
     "MESSAGE_TYPES",
     "Abort",
     "AbortDone",
@@ -70,91 +73,6 @@ def message(tag: str) -> Callable[[M], M]:
     return register
 
 
-#: Most stream chunks one DataReady or Stream message carries (a scheduler's outbox is drained
-#: 64 messages at a time, so a run is never longer).
-MAX_CHUNKS_PER_MESSAGE = 64
-
-
-def _nonempty_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not str or not value:
-        raise ValueError(f"{attribute.name} must be a non-empty string, got {value!r}")
-
-
-#: A process name (``main``, a worker's process group, a replica's ``group@r1``): it names a socket
-#: file in the run's directory, so nothing else (no ``/``, no ``..``) gets through.
-_PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(?:@r[0-9]{1,6})?")
-
-
-def _process_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not str or not _PROCESS_NAME.fullmatch(value):
-        raise ValueError(f"{attribute.name} must be a process name, got {str(value)[:80]!r}")
-
-
-def _opt_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and type(value) is not str:
-        raise TypeError(f"{attribute.name} must be a string or None, got {type(value).__name__}")
-
-
-def _opt_bytes(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and type(value) is not bytes:
-        raise TypeError(f"{attribute.name} must be bytes or None, got {type(value).__name__}")
-
-
-def _opt_map(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and type(value) is not dict:
-        raise TypeError(f"{attribute.name} must be a map or None, got {type(value).__name__}")
-
-
-def _opt_bindings(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    # A request's replica binding: {process group: replica index}.
-    if value is None:
-        return
-    if type(value) is not dict or not all(
-        type(group) is str and group and type(index) is int and index >= 0 for group, index in value.items()
-    ):
-        raise ValueError(f"{attribute.name} must map process groups to replica indexes >= 0, got {value!r}")
-
-
-def _exact(tp: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    # Exact type check: bool is an int subclass, but not a valid chunk id.
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if type(value) is not tp:
-            raise TypeError(f"{attribute.name} must be {tp.__name__}, got {type(value).__name__}")
-
-    return check
-
-
-def _opt_chunk_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
-
-
-def _chunk_count(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not int or not 1 <= value <= MAX_CHUNKS_PER_MESSAGE:
-        raise ValueError(f"{attribute.name} must be an int in 1..{MAX_CHUNKS_PER_MESSAGE}, got {value!r}")
-
-
-def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
-
-
-def _nonempty_ids(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    if not value or not all(value):
-        raise ValueError(f"{attribute.name} must be non-empty request ids, got {value!r}")
-
-
-def _str_tuple(value: object) -> tuple[str, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"expected a tuple (list) of strings, got {type(value).__name__}")
-    for item in value:
-        if type(item) is not str:
-            raise TypeError(f"expected a list of strings, got an item of type {type(item).__name__}")
-    return tuple(value)
-
-
 @attrs.frozen
 class ControlMessage:
     """Base of every control-plane message."""
@@ -167,10 +85,10 @@ class ControlMessage:
 class Submit(ControlMessage):
     """Coordinator → entry stage: admit a request. ``data_ref``: its StagePayload (a DataRef map)."""
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    to_stage: str = attrs.field(validator=_nonempty_str)
-    data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
-    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=_opt_bindings)
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    to_stage: str = attrs.field(validator=fields.nonempty_str)
+    data_ref: dict[str, Any] = attrs.field(validator=fields.exact(dict))
+    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=fields.opt_bindings)
 
 
 @message("data_ready")
@@ -186,16 +104,16 @@ class DataReady(ControlMessage):
     pairs (a run of small chunks travels as one message).
     """
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    to_stage: str = attrs.field(validator=_nonempty_str)
-    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=_opt_map)
-    chunk_id: int | None = attrs.field(default=None, validator=_opt_chunk_id)
-    chunk_count: int = attrs.field(default=1, validator=_chunk_count)
-    is_done: bool = attrs.field(default=False, validator=_exact(bool))
-    error: str | None = attrs.field(default=None, validator=_opt_str)
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    to_stage: str = attrs.field(validator=fields.nonempty_str)
+    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=fields.opt_map)
+    chunk_id: int | None = attrs.field(default=None, validator=fields.opt_chunk_id)
+    chunk_count: int = attrs.field(default=1, validator=fields.chunk_count)
+    is_done: bool = attrs.field(default=False, validator=fields.exact(bool))
+    error: str | None = attrs.field(default=None, validator=fields.opt_str)
     #: The request's replica binding (docs/design.md, "Replicas"); None in pipelines without replicas.
-    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=_opt_bindings)
+    replica_bindings: dict[str, Any] | None = attrs.field(default=None, validator=fields.opt_bindings)
 
     def __attrs_post_init__(self) -> None:
         if self.is_done and self.error is not None:
@@ -231,13 +149,13 @@ class DataAck(ControlMessage):
     :class:`CreditReturn` for ``object_id`` (or the request's end).
     """
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    to_stage: str = attrs.field(validator=_nonempty_str)
-    object_id: str = attrs.field(validator=_nonempty_str)
-    success: bool = attrs.field(validator=_exact(bool))
-    error: str | None = attrs.field(default=None, validator=_opt_str)
-    credit_held: bool = attrs.field(default=False, validator=_exact(bool))
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    to_stage: str = attrs.field(validator=fields.nonempty_str)
+    object_id: str = attrs.field(validator=fields.nonempty_str)
+    success: bool = attrs.field(validator=fields.exact(bool))
+    error: str | None = attrs.field(default=None, validator=fields.opt_str)
+    credit_held: bool = attrs.field(default=False, validator=fields.exact(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.success and self.error is not None:
@@ -259,10 +177,10 @@ class CreditReturn(ControlMessage):
     the request ended) is ignored.
     """
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    to_stage: str = attrs.field(validator=_nonempty_str)
-    object_id: str = attrs.field(validator=_nonempty_str)
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    to_stage: str = attrs.field(validator=fields.nonempty_str)
+    object_id: str = attrs.field(validator=fields.nonempty_str)
 
 
 @message("slot_release")
@@ -278,10 +196,10 @@ class SlotRelease(ControlMessage):
     lease it does not know (settled as failed, closed) is ignored.
     """
 
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    to_stage: str = attrs.field(validator=_nonempty_str)
-    shm_name: str = attrs.field(validator=_nonempty_str)
-    lease: int = attrs.field(validator=_nonneg_int)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    to_stage: str = attrs.field(validator=fields.nonempty_str)
+    shm_name: str = attrs.field(validator=fields.nonempty_str)
+    lease: int = attrs.field(validator=fields.nonneg_int)
 
 
 @message("complete")
@@ -289,11 +207,11 @@ class SlotRelease(ControlMessage):
 class Complete(ControlMessage):
     """Stage → coordinator: terminal result (``data_ref``: a DataRef map) or request failure (``error``)."""
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    success: bool = attrs.field(validator=_exact(bool))
-    error: str | None = attrs.field(default=None, validator=_opt_str)
-    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=_opt_map)
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    success: bool = attrs.field(validator=fields.exact(bool))
+    error: str | None = attrs.field(default=None, validator=fields.opt_str)
+    data_ref: dict[str, Any] | None = attrs.field(default=None, validator=fields.opt_map)
 
     def __attrs_post_init__(self) -> None:
         if self.success and (self.error is not None or self.data_ref is None):
@@ -311,12 +229,12 @@ class Stream(ControlMessage):
     ``modality``; ``data_ref`` (a DataRef map) holds the list of their data.
     """
 
-    request_id: str = attrs.field(validator=_nonempty_str)
-    from_stage: str = attrs.field(validator=_nonempty_str)
-    chunk_id: int = attrs.field(validator=_nonneg_int)
-    data_ref: dict[str, Any] = attrs.field(validator=_exact(dict))
-    modality: str | None = attrs.field(default=None, validator=_opt_str)
-    chunk_count: int = attrs.field(default=1, validator=_chunk_count)
+    request_id: str = attrs.field(validator=fields.nonempty_str)
+    from_stage: str = attrs.field(validator=fields.nonempty_str)
+    chunk_id: int = attrs.field(validator=fields.nonneg_int)
+    data_ref: dict[str, Any] = attrs.field(validator=fields.exact(dict))
+    modality: str | None = attrs.field(default=None, validator=fields.opt_str)
+    chunk_count: int = attrs.field(default=1, validator=fields.chunk_count)
 
 
 @message("abort")
@@ -324,8 +242,8 @@ class Stream(ControlMessage):
 class Abort(ControlMessage):
     """Coordinator → worker (point to point): drop everything about these requests, confirm ``token``."""
 
-    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_nonempty_ids)
-    token: int = attrs.field(validator=_exact(int))
+    request_ids: tuple[str, ...] = attrs.field(converter=fields.str_tuple, validator=fields.nonempty_ids)
+    token: int = attrs.field(validator=fields.exact(int))
 
 
 @message("abort_done")
@@ -333,8 +251,8 @@ class Abort(ControlMessage):
 class AbortDone(ControlMessage):
     """Worker → coordinator: every stage of ``process`` dropped the requests of the Abort ``token``."""
 
-    token: int = attrs.field(validator=_exact(int))
-    process: str = attrs.field(validator=_process_name)
+    token: int = attrs.field(validator=fields.exact(int))
+    process: str = attrs.field(validator=fields.process_name)
 
 
 @message("held_report")
@@ -343,34 +261,14 @@ class HeldReport(ControlMessage):
     """Worker → coordinator (the abort safety net): the requests the stages of ``process`` hold;
     those the coordinator no longer knows are aborted."""
 
-    process: str = attrs.field(validator=_nonempty_str)
-    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    process: str = attrs.field(validator=fields.nonempty_str)
+    request_ids: tuple[str, ...] = attrs.field(converter=fields.str_tuple)
 
 
 @message("shutdown")
 @attrs.frozen
 class Shutdown(ControlMessage):
     """Coordinator → stage: leave the receive loop and stop."""
-
-
-def _opt_tcp_endpoint(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not str or (value and not _TCP_ENDPOINT.fullmatch(value)):
-        raise ValueError(f"{attribute.name} must be '' or a tcp://HOST:PORT endpoint, got {str(value)[:80]!r}")
-
-
-#: Where a process receives over TCP: ``tcp://HOST:PORT`` (an IPv4 address, ``[IPv6]`` or a host name).
-_TCP_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
-
-
-def _peer_addresses(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not dict:
-        raise TypeError(f"{attribute.name} must be a map, got {type(value).__name__}")
-    for process, endpoint in value.items():
-        if type(process) is not str or not _PROCESS_NAME.fullmatch(process):
-            raise ValueError(f"{attribute.name}: keys must be process names, got {str(process)[:80]!r}")
-        if type(endpoint) is not str or not _TCP_ENDPOINT.fullmatch(endpoint):
-            raise ValueError(f"{attribute.name}[{process!r}] must be a tcp://HOST:PORT endpoint, "
-                             f"got {str(endpoint)[:80]!r}")
 
 
 @message("ready")
@@ -382,9 +280,9 @@ class Ready(ControlMessage):
     an edge to or from one), '' if nowhere.
     """
 
-    process: str = attrs.field(validator=_process_name)
-    stages: tuple[str, ...] = attrs.field(converter=_str_tuple)
-    endpoint: str = attrs.field(default="", validator=_opt_tcp_endpoint)
+    process: str = attrs.field(validator=fields.process_name)
+    stages: tuple[str, ...] = attrs.field(converter=fields.str_tuple)
+    endpoint: str = attrs.field(default="", validator=fields.opt_tcp_endpoint)
 
 
 @message("peer_addresses")
@@ -394,7 +292,7 @@ class PeerAddresses(ControlMessage):
     endpoints of the peers it exchanges messages with over TCP (``{process: endpoint}``). Until it
     arrives, a worker's first message to such a peer waits for it."""
 
-    addresses: dict[str, str] = attrs.field(validator=_peer_addresses)
+    addresses: dict[str, str] = attrs.field(validator=fields.peer_addresses)
 
 
 @message("join")
@@ -402,9 +300,9 @@ class PeerAddresses(ControlMessage):
 class Join(ControlMessage):
     """A ``manual`` worker → runner, over TCP: ``process`` is here, receiving at ``endpoint``."""
 
-    process: str = attrs.field(validator=_process_name)
-    endpoint: str = attrs.field(validator=_nonempty_str)
-    pid: int = attrs.field(validator=_nonneg_int)
+    process: str = attrs.field(validator=fields.process_name)
+    endpoint: str = attrs.field(validator=fields.nonempty_str)
+    pid: int = attrs.field(validator=fields.nonneg_int)
 
 
 @message("join_spec")
@@ -412,7 +310,7 @@ class Join(ControlMessage):
 class JoinSpec(ControlMessage):
     """Runner → a joined ``manual`` worker: its pickled WorkerSpec (opened only after the run's proof)."""
 
-    spec: bytes = attrs.field(validator=_exact(bytes))
+    spec: bytes = attrs.field(validator=fields.exact(bytes))
 
 
 @message("stats_request")
@@ -420,8 +318,8 @@ class JoinSpec(ControlMessage):
 class StatsRequest(ControlMessage):
     """Runner → worker: send a StatsReply with ``token`` to process ``reply_to`` (one of the run's)."""
 
-    reply_to: str = attrs.field(validator=_process_name)
-    token: int = attrs.field(validator=_exact(int))
+    reply_to: str = attrs.field(validator=fields.process_name)
+    token: int = attrs.field(validator=fields.exact(int))
 
 
 @message("stats_reply")
@@ -433,11 +331,11 @@ class StatsReply(ControlMessage):
     ``undeliverable``: messages the worker dropped because nobody listened at a peer's path.
     """
 
-    token: int = attrs.field(validator=_exact(int))
-    stages: dict[str, Any] = attrs.field(validator=_exact(dict))
-    process: str = attrs.field(default="", validator=_exact(str))
-    refused_frames: int = attrs.field(default=0, validator=_nonneg_int)
-    undeliverable: int = attrs.field(default=0, validator=_nonneg_int)
+    token: int = attrs.field(validator=fields.exact(int))
+    stages: dict[str, Any] = attrs.field(validator=fields.exact(dict))
+    process: str = attrs.field(default="", validator=fields.exact(str))
+    refused_frames: int = attrs.field(default=0, validator=fields.nonneg_int)
+    undeliverable: int = attrs.field(default=0, validator=fields.nonneg_int)
 
 
 @message("held_request")
@@ -445,7 +343,7 @@ class StatsReply(ControlMessage):
 class HeldRequest(ControlMessage):
     """Runner → worker (a worker died): send the main process a HeldReply with ``token``."""
 
-    token: int = attrs.field(validator=_exact(int))
+    token: int = attrs.field(validator=fields.exact(int))
 
 
 @message("held_reply")
@@ -453,6 +351,6 @@ class HeldRequest(ControlMessage):
 class HeldReply(ControlMessage):
     """Worker → runner: the requests the stages of ``process`` hold now."""
 
-    token: int = attrs.field(validator=_exact(int))
-    process: str = attrs.field(validator=_process_name)
-    request_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    token: int = attrs.field(validator=fields.exact(int))
+    process: str = attrs.field(validator=fields.process_name)
+    request_ids: tuple[str, ...] = attrs.field(converter=fields.str_tuple)
