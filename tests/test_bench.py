@@ -179,6 +179,14 @@ def test_first_chunk_timeline_marks_the_steps_of_all_three_processes() -> None:
         assert step in rows, (step, rows)
 
 
+def test_first_chunk_calls_counts_the_calls_of_all_three_processes() -> None:
+    proc = _script("first_chunk_calls.py", "--requests", "3", "--top", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = {line[0]: int(line.split()[1]) for line in proc.stdout.splitlines() if line[:2] in ("C:", "T:", "V:")}
+    assert set(counts) == {"C", "T", "V"} and all(count > 50 for count in counts.values()), proc.stdout
+    assert "omni_trio/control/codec.py" in proc.stdout, proc.stdout
+
+
 def test_gc_pauses_runs_the_stream_and_reports_its_requests() -> None:
     proc = _script("gc_pauses.py", "--requests", "5", "--chunks", "20")
     assert proc.returncode == 0, proc.stdout + proc.stderr
