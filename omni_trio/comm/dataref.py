@@ -181,7 +181,7 @@ class DataRef:
         if over_tcp and not frame_sizes_match(self.tensors, self.frames):
             raise ValueError("a tcp buffer needs one frame per tensor entry, each of the entry's size")
         if self.layout is Layout.packed_tensors:
-            if any(v is not None for v in (self.shape, self.dtype, self.device, self.offset)):
+            if not (self.shape is None and self.dtype is None and self.device is None and self.offset is None):
                 raise ValueError("packed_tensors layout takes no shape/dtype/device/offset")
             paths: set[str] = set()
             for entry in self.tensors:

@@ -186,10 +186,14 @@ def _take_oob(value: Any, frames: list[bytes]) -> Any:
         frames.append(value)
         return msgpack.ExtType(OOB_EXT, (len(frames) - 1).to_bytes(4, "big"))
     if kind is dict:
-        return {k: _take_oob(v, frames) for k, v in value.items()}
+        return {k: v if type(v) in _SCALARS else _take_oob(v, frames) for k, v in value.items()}
     if kind is list or kind is tuple:
-        return [_take_oob(v, frames) for v in value]
+        return [v if type(v) in _SCALARS else _take_oob(v, frames) for v in value]
     return value
+
+
+#: Values :func:`_take_oob` returns as they are (checked before the call: most of a DataRef map's values).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 _NO_DEFAULT = object()
