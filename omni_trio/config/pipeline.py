@@ -19,6 +19,7 @@ from omni_trio.tracing import get_logger
 
 log = get_logger(__name__)
 
+
 @attrs.frozen
 class PipelineConfig:
     """A whole pipeline. Validated on construction (see :func:`validate`).

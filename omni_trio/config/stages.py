@@ -20,7 +20,6 @@ RESTART_POLICIES = ("never", "on-failure")
 DEFAULT_RESTART_BACKOFF_S = 0.1
 #: The process name of stages placed in the caller's process (``process=None``).
 MAIN_PROCESS = "main"
-# A worker's name names its socket and spec files: one plain path component.
 #: The suffix of a replica's name (``voc@r1``, ``p_voc@r1``); stage names must not end in it.
 REPLICA_SUFFIX = re.compile(r"@r(\d+)$")
 #: The placeholder a string factory argument may hold; each replica gets its index there.
