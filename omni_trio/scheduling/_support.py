@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
 from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
@@ -176,6 +176,15 @@ def result_message(request_id: str, data: object) -> OutgoingMessage:
 def error_message(request_id: str, error: BaseException) -> OutgoingMessage:
     """The ``error`` message for one request; the stage fails it with ``str(error)``."""
     return OutgoingMessage(request_id=request_id, type="error", data=error)
+
+
+def batch_results(results: object, requests: int) -> Sequence[Any]:
+    """What a ``batch_compute_fn`` returned for ``requests`` payloads, checked: a sequence, one result per
+    payload (in order); anything else raises ValueError, which fails the whole batch."""
+    if not isinstance(results, Sequence) or len(results) != requests:
+        count = len(results) if isinstance(results, Sequence) else type(results).__name__
+        raise ValueError(f"batch_compute_fn returned {count} results for {requests} requests")
+    return results
 
 
 class BatchWindow:

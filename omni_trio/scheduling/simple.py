@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -26,6 +26,7 @@ from omni_trio.scheduling._support import (
     RunningComputes,
     SyncIdSet,
     ThreadLoop,
+    batch_results,
     call_logged,
     call_sync_or_async,
     checked_max_pending,
@@ -307,12 +308,10 @@ class SimpleScheduler(BatchingOptions):
             self._computes.start(ids)
             try:
                 payloads = [msg.data for msg in batch]
-                results = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop)
+                returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop)
             finally:
                 self._computes.finish(ids)
-            if not isinstance(results, Sequence) or len(results) != len(batch):
-                count = len(results) if isinstance(results, Sequence) else type(results).__name__
-                raise ValueError(f"batch_compute_fn returned {count} results for {len(batch)} requests")
+            results = batch_results(returned, len(batch))
         except Exception as exc:
             logger.exception("%s: batch of %d failed", type(self).__name__, len(batch))
             self._fail(batch, exc)

@@ -15,7 +15,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from omni_trio.payload import StagePayload, StreamItem
@@ -26,6 +26,7 @@ from omni_trio.scheduling._support import (
     RunningComputes,
     SyncIdSet,
     ThreadLoop,
+    batch_results,
     call_logged,
     call_sync_or_async,
     checked_max_pending,
@@ -397,10 +398,8 @@ class StreamingSimpleScheduler(BatchingOptions):
                 self._finish_non_streaming(msg.request_id, result)
             return
         try:
-            results = self.busy.call(call_sync_or_async, self.batch_compute_fn, [msg.data for msg in valid], loop=loop)
-            if not isinstance(results, Sequence) or len(results) != len(valid):
-                count = len(results) if isinstance(results, Sequence) else type(results).__name__
-                raise ValueError(f"batch_compute_fn returned {count} results for {len(valid)} requests")
+            returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, [msg.data for msg in valid], loop=loop)
+            results = batch_results(returned, len(valid))
         except Exception as exc:
             logger.exception("%s: batch of %d failed", type(self).__name__, len(valid))
             for msg in valid:

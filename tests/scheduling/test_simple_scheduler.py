@@ -178,6 +178,7 @@ def test_batch_length_mismatch_fails_whole_batch() -> None:
         outs = get_n(scheduler.outbox, 2)
     assert [(o.request_id, o.type) for o in outs] == [("r1", "error"), ("r2", "error")]
     assert isinstance(outs[0].data, ValueError) and outs[0].data is outs[1].data
+    assert str(outs[0].data) == "batch_compute_fn returned 1 results for 2 requests"
 
 
 def test_exception_in_batch_result_fails_only_that_request() -> None:

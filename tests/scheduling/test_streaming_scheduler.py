@@ -222,6 +222,16 @@ def test_non_streaming_batch_defers_done_before_payload() -> None:
     assert [(o.request_id, o.type) for o in outs] == [("n1", "result"), ("n2", "result"), ("s1", "result")]
 
 
+def test_non_streaming_batch_with_too_few_results_fails_the_whole_batch() -> None:
+    scheduler = Recorder(batch_compute_fn=lambda payloads: payloads[:1], max_batch_size=4)
+    scheduler.inbox.put(new_request("n1", "plain"))
+    scheduler.inbox.put(new_request("n2", "plain"))
+    with serving(scheduler):
+        outs = get_n(scheduler.outbox, 2)
+    assert [(o.request_id, o.type) for o in outs] == [("n1", "error"), ("n2", "error")]
+    assert str(outs[0].data) == "batch_compute_fn returned 1 results for 2 requests"
+
+
 def test_lone_non_streaming_request_does_not_wait_for_window() -> None:
     scheduler = Recorder(batch_compute_fn=lambda ps: ps, max_batch_size=4, max_batch_wait_ms=60_000)
     with serving(scheduler):
