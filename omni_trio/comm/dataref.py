@@ -211,7 +211,27 @@ class DataRef:
 
     def to_wire(self) -> dict[str, Any]:
         """This DataRef as a msgpack-friendly map for ``DataReady.data_ref``."""
+        if self.buffer is None and not self.tensors:
+            return self._inline_wire()
         wire: dict[str, Any] = converter.unstructure(self)
+        wire["_type"] = DATAREF_TYPE
+        return wire
+
+    def _inline_wire(self) -> dict[str, Any]:
+        # A ref without buffer or tensor entries (every inline object: the common case) is the map of
+        # :data:`_INLINE_KEYS`, built by hand as :func:`_inline_from_wire` reads it: the same map, in the
+        # same order, as the converter's (defaults left out, the version always in).
+        wire: dict[str, Any] = {
+            "kind": str(self.kind),
+            "object_id": self.object_id,
+            "transport": str(self.transport),
+            "layout": str(self.layout),
+            "version": self.version,
+        }
+        if self.header is not None:
+            wire["header"] = self.header
+        if self.metadata is not None:
+            wire["metadata"] = self.metadata
         wire["_type"] = DATAREF_TYPE
         return wire
 
@@ -240,29 +260,39 @@ class DataRef:
 _INLINE_KEYS = frozenset({"_type", "version", "kind", "object_id", "transport", "layout", "header", "metadata"})
 
 
+#: The enum fields of an inline ref's map: (key, enum class, its members by value).
+_INLINE_ENUMS: tuple[tuple[str, type[enum.StrEnum], dict[str, Any]], ...] = tuple(
+    (key, enum_class, {member.value: member for member in enum_class})
+    for key, enum_class in (("kind", DataRefKind), ("transport", TransportKind), ("layout", Layout))
+)
+
+
 def _inline_from_wire(wire: dict[str, Any]) -> DataRef:
     """:meth:`DataRef.from_wire` of a map with only :data:`_INLINE_KEYS`: the same checks, done by hand."""
-    kind: Any = wire.get("kind")
-    transport: Any = wire.get("transport")
-    layout: Any = wire.get("layout")
+    problems: list[str] = []
+    members: list[Any] = []
+    for key, enum_class, by_value in _INLINE_ENUMS:
+        value = wire.get(key)
+        member = by_value.get(value) if type(value) is str else None
+        if type(value) is not str:
+            problems.append(f"{key} must be a string, got {type(value).__name__}")
+        elif member is None:
+            problems.append(f"{value!r} is not a valid {enum_class.__name__}")
+        members.append(member)
     header, metadata = wire.get("header"), wire.get("metadata")
-    problems = [
-        f"{name} must be a string, got {type(value).__name__}"
-        for name, value in (("kind", kind), ("transport", transport), ("layout", layout))
-        if type(value) is not str
-    ]
     if header is not None and type(header) is not bytes:
         problems.append(f"header must be bytes, got {type(header).__name__}")
     if metadata is not None and (type(metadata) is not dict or any(type(key) is not str for key in metadata)):
         problems.append("metadata must be a map with string keys")
     if problems:
         raise MalformedMessage(f"malformed DataRef: {'; '.join(problems)}")
+    kind, transport, layout = members
     try:
         return DataRef(
-            kind=DataRefKind(kind),
+            kind=kind,
             object_id=wire.get("object_id"),  # type: ignore[arg-type]  # DataRef checks it
-            transport=TransportKind(transport),
-            layout=Layout(layout),
+            transport=transport,
+            layout=layout,
             header=header,
             metadata=metadata,
         )

@@ -17,7 +17,7 @@ from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.packing import pack_tensors, unpack_tensors, write_packed
 from omni_trio.comm.shm import ShmRelay
 from omni_trio.comm.tensor_walk import extract_tensors, restore
-from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.codec import MalformedMessage, converter, decode, encode
 from omni_trio.control.messages import DataReady
 from tests.comm.helpers import copy_out
 
@@ -71,6 +71,29 @@ def test_round_trip_through_the_codec(ref: DataRef) -> None:
     decoded = decode(encode(msg))
     assert isinstance(decoded, DataReady) and decoded.data_ref is not None
     assert DataRef.from_wire(decoded.data_ref) == ref
+
+
+@pytest.mark.parametrize(
+    ("header", "metadata"), [(b"tensor-free", None), (None, None), (b"h", {"sr": 24000}), (None, {"final": True})]
+)
+def test_an_inline_refs_map_is_the_converters_map(header: bytes | None, metadata: dict[str, Any] | None) -> None:
+    """to_wire builds an inline ref's map by hand: the converter's map, key for key and in its order."""
+    ref = DataRef(kind=DataRefKind.stream_chunk, object_id="r0:c", transport=TransportKind.inline,
+                  layout=Layout.packed_tensors, header=header, metadata=metadata, tensor_bytes=64)
+    wire = ref.to_wire()
+    assert list(wire.items()) == list({**converter.unstructure(ref), "_type": "DataRef"}.items())
+    assert all(type(wire[key]) is str for key in ("kind", "transport", "layout"))
+    assert DataRef.from_wire(wire) == ref
+
+
+def test_an_inline_ref_names_every_unknown_or_mistyped_enum_field() -> None:
+    wire = {**_inline_ref().to_wire(), "kind": "bogus", "transport": 3, "layout": "sideways"}
+    with pytest.raises(MalformedMessage) as info:
+        DataRef.from_wire(wire)
+    assert info.value.reason == (
+        "malformed DataRef: 'bogus' is not a valid DataRefKind; transport must be a string, got int; "
+        "'sideways' is not a valid Layout"
+    )
 
 
 def _mutations() -> list[tuple[str, Any]]:
