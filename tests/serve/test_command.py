@@ -2,12 +2,16 @@
 
 It prints one line, serves the openai client, reports a killed worker on
 /health (503 naming it) until its restart is ready, and on SIGTERM drains and
-exits, leaving no process, socket or shared-memory segment behind.
+exits, leaving no process, socket or shared-memory segment behind. Once it listens it freezes its
+start-up heap; the test of that runs the command in the test process itself, where the collector shows it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
+import io
 import os
 import pickle
 import shutil
@@ -23,8 +27,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import trio
 
 import omni_trio as ot
+from omni_trio.serve.command import serve_until_signalled
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
@@ -208,3 +214,43 @@ def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) ->
     events = ot.read_trace(short_tmp / "run.jsonl")
     assert {e["event"] for e in events} >= {"request_submitted", "request_aborted", "stage_dispatch"}
     assert {e["process"] for e in events} == {"main", "p_slow"}
+
+
+class _Lines(io.StringIO):
+    """What the command prints; ``printed`` is set at its first line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.printed = trio.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "\n" in self.getvalue():
+            self.printed.set()
+        return written
+
+
+async def test_the_serve_command_freezes_its_start_up_heap_once_it_listens(short_tmp: Path) -> None:
+    """The server's process is ours: its start-up heap (the app, the pipeline) leaves the full collections
+    (docs/design.md §7); a subprocess keeps its collector to itself, so the command runs here."""
+    config = ot.PipelineConfig(
+        stages=[ot.StageConfig(name="a", factory_path="tests.stages.create_append", factory={"tag": "a"},
+                               process="p_a", terminal=True)],
+        endpoints=ot.EndpointsConfig(base_path=str(short_tmp)),
+        serve=ot.ServeConfig(model="toy", adapter="tests.serve.adapters.TrailAdapter"),
+    )
+    out = _Lines()
+    gc.unfreeze()
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(serve_until_signalled, config, host="127.0.0.1", port=0,
+                                                     trace=None, out=out))
+                await out.printed.wait()
+                frozen = gc.get_freeze_count()
+                nursery.cancel_scope.cancel()
+    finally:
+        gc.unfreeze()
+    assert out.getvalue().startswith("listening on http://127.0.0.1:")
+    assert frozen > 0
+    assert list(short_tmp.glob("omnitrio-*")) == []
