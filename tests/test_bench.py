@@ -180,7 +180,7 @@ def test_first_chunk_timeline_marks_the_steps_of_all_three_processes() -> None:
 
 
 def test_first_chunk_calls_counts_the_calls_of_all_three_processes() -> None:
-    proc = _script("first_chunk_calls.py", "--requests", "3", "--top", "3")
+    proc = _script("first_chunk_calls.py", "--requests", "3", "--top", "100")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = {line[0]: int(line.split()[1]) for line in proc.stdout.splitlines() if line[:2] in ("C:", "T:", "V:")}
     assert set(counts) == {"C", "T", "V"} and all(count > 50 for count in counts.values()), proc.stdout
