@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Any
 
 import attrs
@@ -129,8 +130,9 @@ def _choice(value: str, choices: tuple[str, ...], path: str) -> str:
 
 def _deadline(data: dict[str, Any]) -> float | None:
     deadline = _field(data, "deadline", (int, float), default=None)
-    if deadline is not None and deadline <= 0:
-        raise BadRequest("'deadline' must be seconds > 0", param="deadline")
+    # Python's JSON reader takes NaN and Infinity, which JSON has not: neither is a number of seconds.
+    if deadline is not None and not (0 < deadline < math.inf):
+        raise BadRequest(f"'deadline' must be a number of seconds > 0, got {deadline}", param="deadline")
     return None if deadline is None else float(deadline)
 
 

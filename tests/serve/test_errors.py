@@ -62,6 +62,9 @@ async def test_every_error_code(placement: str) -> None:
                 missing = await _expect(client, 400, {"model": "toy"}, param="messages")
                 assert "messages" in missing.json()["error"]["message"]
                 await _expect(client, 400, _chat("hi", stream="yes"), param="stream")
+                # Python's JSON reader takes NaN and Infinity, which JSON itself has not: no deadline of them.
+                nan_deadline = b'{"model": "toy", "messages": [{"role": "user", "content": "hi"}], "deadline": NaN}'
+                await _expect(client, 400, None, param="deadline", content=nan_deadline)
                 await _expect(client, 404, {**_chat("hi"), "model": "gpt-4"}, param="model")
                 await _expect(client, 413, _chat("x" * 5000))
                 assert (await client.get("/v1/nowhere")).json()["error"]["code"] == "not_found"
@@ -91,7 +94,7 @@ async def test_every_error_code(placement: str) -> None:
                         await trio.sleep(0.01)
 
                 metrics = (await client.get("/metrics")).text
-                for outcome, count in [("ok", 2), ("bad_request", 3), ("not_found", 1), ("too_large", 1),
+                for outcome, count in [("ok", 2), ("bad_request", 4), ("not_found", 1), ("too_large", 1),
                                        ("failed", 1), ("timeout", 1), ("queue_full", 1), ("disconnected", 1)]:
                     assert _metric(metrics, f'omni_trio_requests_total{{outcome="{outcome}"}}') == count, outcome
                 assert _metric(metrics, "omni_trio_requests_in_flight") == 0
