@@ -7,6 +7,7 @@ each pipeline-wide setting. ``PipelineConfig`` runs them all on construction
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -123,7 +124,7 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
             ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
         )
     backoff = stage.restart_backoff_s
-    if not isinstance(backoff, (int, float)) or isinstance(backoff, bool) or not 0 <= backoff < float("inf"):
+    if not _is_seconds(backoff):
         problems.append(
             ConfigProblem(f"{at}.restart_backoff_s", f"expected a number of seconds >= 0, got {backoff!r}")
         )
@@ -250,8 +251,11 @@ def start_method_problems(method: object) -> list[ConfigProblem]:
     )]
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_seconds(value: object, *, positive: bool = False) -> bool:
+    # A finite number (TOML has nan and inf literals; neither is a time), >= 0, or > 0 when positive.
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
 
 
 def _is_whole(value: object, minimum: int) -> bool:
@@ -273,9 +277,9 @@ def serve_problems(serve: object) -> list[ConfigProblem]:
     body = serve.max_body_bytes
     if not _is_whole(body, 1):
         problems.append(ConfigProblem("serve.max_body_bytes", f"expected a whole number >= 1, got {body!r}"))
-    if not _is_number(serve.grace_period_s) or serve.grace_period_s < 0:
+    if not _is_seconds(serve.grace_period_s):
         problems.append(ConfigProblem("serve.grace_period_s", f"expected seconds >= 0, got {serve.grace_period_s!r}"))
-    if serve.deadline_s is not None and (not _is_number(serve.deadline_s) or serve.deadline_s <= 0):
+    if serve.deadline_s is not None and not _is_seconds(serve.deadline_s, positive=True):
         problems.append(ConfigProblem("serve.deadline_s", f"expected seconds > 0 or None, got {serve.deadline_s!r}"))
     retry = serve.retry_after_s
     if not _is_whole(retry, 0):

@@ -29,6 +29,21 @@ def test_every_serve_problem_is_listed_with_its_path() -> None:
                      "serve.retry_after_s"]
 
 
+def test_nan_and_inf_from_a_toml_file_are_no_seconds(tmp_path: Path) -> None:
+    """TOML has nan and inf literals; no time setting takes them (a nan deadline failed every request)."""
+    path = tmp_path / "times.toml"
+    path.write_text(
+        '[[stages]]\nname = "a"\nfactory_path = "tests.stages.create_append"\nterminal = true\n'
+        "restart_backoff_s = nan\n"
+        '[serve]\nmodel = "m"\nadapter = "tests.serve.adapters.TrailAdapter"\ngrace_period_s = inf\ndeadline_s = nan\n'
+    )
+    with pytest.raises(ot.ConfigError) as caught:
+        ot.load_config(path)
+    assert [problem.path for problem in caught.value.problems] == [
+        "stages[0].restart_backoff_s", "serve.grace_period_s", "serve.deadline_s"
+    ]
+
+
 def test_the_adapter_must_import_and_take_its_options() -> None:
     with pytest.raises(ot.ConfigError, match=r"serve.adapter: cannot import 'tests.serve.nowhere.Adapter'"):
         check_imports(_config(adapter="tests.serve.nowhere.Adapter"))
