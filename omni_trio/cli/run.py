@@ -164,11 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             trace.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the trace directory {trace.parent}: {exc}") from None
-    try:
-        config = load(args.config)
-    except ConfigError as exc:
-        print_config_error(args.config, exc)
-        return EXIT_USAGE
+    config = load(args.config)  # its ConfigError: cli.parser.main prints every problem and exits 2
     try:
         return trio.run(_run_request, config, args, inputs, sys.stdout)
     except ConfigError as exc:
