@@ -192,7 +192,8 @@ def _take_oob(value: Any, frames: list[bytes]) -> Any:
     return value
 
 
-#: Values :func:`_take_oob` returns as they are (checked before the call: most of a DataRef map's values).
+#: Values :func:`_take_oob` returns as they are: checked before calling it (most of a message's fields
+#: and of a DataRef map's values are these).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
@@ -245,8 +246,7 @@ def encode(msg: ControlMessage) -> list[bytes]:
     for name, default in layout.fields:
         value = getattr(msg, name)
         if default is _NO_DEFAULT or value != default:
-            kind = type(value)
-            fields[name] = _take_oob(value, extra) if kind is dict or kind is bytes or kind is list else value
+            fields[name] = value if type(value) in _SCALARS else _take_oob(value, extra)
     try:
         body: bytes = msgpack.packb(fields, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
