@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from omni_trio.addresses import logical_name
 from omni_trio.comm.router import COORDINATOR
-from omni_trio.stage.replicas import logical_name
 from omni_trio.stage.stats import StageStats
 
 __all__ = ["PipelineHealth", "PipelineStats"]

@@ -21,10 +21,10 @@ from typing import Protocol
 
 import attrs
 
+from omni_trio.addresses import COORDINATOR_HOLDER, BindingTable, replica_groups, replica_name, split_replica
 from omni_trio.config import PipelineConfig
 from omni_trio.hooks import import_string
 from omni_trio.payload import OmniRequest
-from omni_trio.stage.replicas import COORDINATOR_HOLDER, BindingTable, replica_groups, replica_name, split_replica
 
 
 @attrs.frozen

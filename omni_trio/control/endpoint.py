@@ -21,9 +21,9 @@ the endpoint. Other components register through :meth:`Endpoint.on`, :meth:`Endp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import trio
 import zmq
@@ -34,6 +34,7 @@ from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.control import messages as m
 from omni_trio.control.audit import HeldReporter
 from omni_trio.control.dispatch import Dispatcher
+from omni_trio.control.hosted import HostedStage
 from omni_trio.control.peers import Peers
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
@@ -42,9 +43,6 @@ from omni_trio.control.transfers import Transfers
 from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.errors import describe_error
 from omni_trio.tracing import Tracer
-
-if TYPE_CHECKING:
-    from omni_trio.stage.stage import Stage
 
 __all__ = [
     "COORDINATOR",
@@ -81,7 +79,7 @@ class Endpoint:
         self.placement = placement
         #: The run's proof and size cap, for every socket of this process.
         self.policy = policy
-        self._stages: dict[str, Stage] = {}
+        self._stages: dict[str, HostedStage] = {}
         self._fail_submitted: Callable[[str, str], None] | None = None
         self._nursery: trio.Nursery | None = None
         self._serving = trio.CancelScope(shield=True)
@@ -155,7 +153,7 @@ class Endpoint:
         """Handle every ``message_type`` message arriving here with ``handler``."""
         self._dispatcher.on(message_type, handler)
 
-    def host(self, stages: dict[str, Stage]) -> None:
+    def host(self, stages: Mapping[str, HostedStage]) -> None:
         """Deliver what arrives for these stages (they run in this process) to them."""
         self._stages.update(stages)
 
@@ -300,7 +298,7 @@ class Endpoint:
         elif sender == COORDINATOR and self._fail_submitted is not None:
             self._fail_submitted(request_id, error)
 
-    def _stage(self, name: str) -> Stage:
+    def _stage(self, name: str) -> HostedStage:
         stage = self._stages.get(name)
         if stage is None:
             raise LookupError(f"stage {name!r} does not run in process {self.process!r}")

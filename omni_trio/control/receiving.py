@@ -12,22 +12,19 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from omni_trio.addresses import logical_name
 from omni_trio.comm.dataref import DataRef
 from omni_trio.comm.router import COORDINATOR
 from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.control import messages as m
+from omni_trio.control.hosted import HostedStage
 from omni_trio.control.lanes import Lanes
 from omni_trio.control.releases import CreditHold, ReleaseSender
 from omni_trio.payload import StagePayload, StreamItem
-from omni_trio.stage.replicas import logical_name
 from omni_trio.tracing import Tracer
-
-if TYPE_CHECKING:
-    from omni_trio.stage.stage import Stage
-
 
 
 def chunk_list(value: object, count: int) -> list[Any]:
@@ -63,7 +60,7 @@ class Receiver:
     def __init__(
         self,
         *,
-        stage: Callable[[str], Stage],
+        stage: Callable[[str], HostedStage],
         process_of: Callable[[str], str],
         send: Callable[[str, m.ControlMessage], Awaitable[None]],
         fail_request: Callable[[str, str, str], Awaitable[None]],
@@ -242,7 +239,7 @@ class Receiver:
         )
         await self._send(self._process_of(sender), ack)
 
-    def _credit_hold(self, ref: DataRef, request_id: str, sender: str, stage: Stage) -> CreditHold | None:
+    def _credit_hold(self, ref: DataRef, request_id: str, sender: str, stage: HostedStage) -> CreditHold | None:
         """For a shared-memory chunk to a stage whose inbox reports takes: what returns the sender's credit."""
         if ref.buffer is None or sender == COORDINATOR or not stage.reports_takes:
             return None

@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from omni_trio.addresses import BindingTable, addressed_placement, addresses_of
 from omni_trio.comm.router import TransportLogs
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig
 from omni_trio.control.auth import FrameMac
@@ -24,8 +25,7 @@ from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.errors import StageStartupError, describe_error
 from omni_trio.hooks import import_string
 from omni_trio.processes import host_of, joins
-from omni_trio.stage.links import CoordinatorLink, LocalStageLink, StageLink
-from omni_trio.stage.replicas import BindingTable, ReplicaLink, addressed_placement, addresses_of
+from omni_trio.stage.links import CoordinatorLink, LocalStageLink, ReplicaLink, StageLink
 from omni_trio.stage.stage import Stage
 from omni_trio.tracing import Tracer
 

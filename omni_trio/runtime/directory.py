@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from omni_trio.addresses import BindingTable, logical_name, replica_name
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
@@ -27,7 +28,6 @@ from omni_trio.control.aborts import AbortDelivery, Awaited, Delivery
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
 from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
-from omni_trio.stage.replicas import BindingTable, logical_name, replica_name
 from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import get_logger
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from omni_trio.addresses import BindingTable, worker_processes
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.segments import remove_segments
@@ -37,7 +38,6 @@ from omni_trio.runtime.directory import ProcessDirectory, serve_coordinator
 from omni_trio.runtime.sigterm import cancel_on_sigterm
 from omni_trio.runtime.supervisor import Supervisor, Worker
 from omni_trio.stage.links import LocalCoordinatorLink
-from omni_trio.stage.replicas import BindingTable, worker_processes
 from omni_trio.stage.stage import Stage
 from omni_trio.stage.stats import StageStats
 from omni_trio.tracing import Tracer, get_logger, trace_path_from_env

@@ -33,6 +33,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from omni_trio.addresses import split_replica
 from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig, StageConfig, process_edges
 from omni_trio.control import messages as m
@@ -43,7 +44,6 @@ from omni_trio.runtime.join import RemoteProcess
 from omni_trio.runtime.launch import Launcher, WorkerProcess, launcher_for
 from omni_trio.runtime.remote import RemoteWorkers
 from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
-from omni_trio.stage.replicas import split_replica
 from omni_trio.tracing import get_logger, process_trace_path
 
 log = get_logger(__name__)

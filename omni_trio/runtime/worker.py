@@ -31,6 +31,7 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.addresses import BindingTable, split_replica
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
 from omni_trio.comm.segments import freeze_creation
 from omni_trio.config import MAIN_PROCESS
@@ -41,7 +42,6 @@ from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
 from omni_trio.runtime.heap import freeze_startup_heap
 from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
-from omni_trio.stage.replicas import BindingTable, split_replica
 from omni_trio.stage.stage import Stage
 from omni_trio.tracing import Tracer, get_logger
 

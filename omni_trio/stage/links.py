@@ -3,16 +3,18 @@
 A stage never knows whether a target stage or the coordinator is in its own
 process: it talks to a :class:`StageLink` per target and one
 :class:`CoordinatorLink`. This module defines those seams and their
-same-process implementations; the multi-process runtime provides remote ones
-with the same methods.
+same-process implementations, and :class:`ReplicaLink`, which picks a
+replicated target's replica by the request's binding; the multi-process runtime
+provides remote ones with the same methods.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from omni_trio.addresses import BindingTable
 from omni_trio.comm.router import COORDINATOR, TransportLog
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.payload import StagePayload, StreamItem
@@ -102,6 +104,32 @@ class LocalStageLink:
     async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
         """Deliver the end-of-stream (or stream error) signal."""
         await self._stage.deliver_stream_signal(request_id, from_stage, error)
+
+
+class ReplicaLink:
+    """An edge to a replicated stage: each request goes to the replica it is bound to."""
+
+    local = False
+
+    def __init__(self, target: str, replicas: Sequence[StageLink], bindings: BindingTable) -> None:
+        self.target = target
+        self._replicas = replicas
+        self._bindings = bindings
+
+    def _link(self, request_id: str) -> StageLink:
+        return self._replicas[self._bindings.replica(request_id, self.target)]
+
+    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
+        """Send the payload to the bound replica."""
+        await self._link(request_id).payload(request_id, from_stage, payload, share=share)
+
+    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
+        """Send the chunks to the bound replica."""
+        await self._link(request_id).stream_chunks(request_id, from_stage, items)
+
+    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
+        """Send the end-of-stream (or error) signal to the bound replica."""
+        await self._link(request_id).stream_signal(request_id, from_stage, error)
 
 
 class LocalCoordinatorLink:

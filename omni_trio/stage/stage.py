@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from omni_trio.addresses import BindingTable, replica_name
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig
@@ -38,7 +39,6 @@ from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.outbound import Outbound
-from omni_trio.stage.replicas import BindingTable, replica_name
 from omni_trio.stage.routing import CompiledRouting, compile_routing
 from omni_trio.stage.scopes import RequestScopes
 from omni_trio.stage.sessions import check_append_route, session_operation

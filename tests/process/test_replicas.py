@@ -17,9 +17,9 @@ import trio
 
 import omni_trio as ot
 from omni_trio import traceview
+from omni_trio.addresses import BindingTable
 from omni_trio.config import check_imports
 from omni_trio.replicas import LeastInFlight, ReplicaLoad
-from omni_trio.stage.replicas import BindingTable
 from tests.placement import place, stage
 from tests.process import helpers
 

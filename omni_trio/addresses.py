@@ -1,4 +1,4 @@
-"""Stage replicas on the stage side: replica names, the per-process binding table, the link that follows it.
+"""Stage and process addresses under replicas, and each process's request -> replica bindings.
 
 A process group with ``replicas=N`` runs as N worker processes ``p@r0`` ..
 ``p@r{N-1}``; stage ``s`` of the group is *addressed* ``s@rK`` in replica K
@@ -8,21 +8,18 @@ replicated group when it admits the request (:mod:`omni_trio.replicas`); the
 binding, ``{group: K}``, travels with the request's Submit and DataReady
 messages, and each process keeps it in a :class:`BindingTable` for as long as
 one of its stages (or, in the caller's process, the coordinator) holds the
-request. A :class:`ReplicaLink` sends each request's data to the replica of
-its binding, so the payload, every stream chunk, fan-in inputs and the
-stream-done signal of one request all reach the same replica.
+request. A stage's ``ReplicaLink`` (:mod:`omni_trio.stage.links`) sends each
+request's data to the replica of its binding, so the payload, every stream
+chunk, fan-in inputs and the stream-done signal of one request all reach the
+same replica.
+
+A base module: the stages, the control plane, the coordinator and the runtime
+all name replicas the same way, so it imports nothing above the config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 from omni_trio.config import MAIN_PROCESS, REPLICA_SUFFIX, PipelineConfig
-from omni_trio.payload import StagePayload, StreamItem
-
-if TYPE_CHECKING:
-    from omni_trio.stage.links import StageLink
 
 #: The holder name the coordinator uses in its process's table (stage names are never empty).
 COORDINATOR_HOLDER = ""
@@ -146,29 +143,3 @@ class BindingTable:
 
     def __len__(self) -> int:
         return len(self._bindings)
-
-
-class ReplicaLink:
-    """An edge to a replicated stage: each request goes to the replica it is bound to."""
-
-    local = False
-
-    def __init__(self, target: str, replicas: Sequence[StageLink], bindings: BindingTable) -> None:
-        self.target = target
-        self._replicas = replicas
-        self._bindings = bindings
-
-    def _link(self, request_id: str) -> StageLink:
-        return self._replicas[self._bindings.replica(request_id, self.target)]
-
-    async def payload(self, request_id: str, from_stage: str, payload: StagePayload, *, share: bool) -> None:
-        """Send the payload to the bound replica."""
-        await self._link(request_id).payload(request_id, from_stage, payload, share=share)
-
-    async def stream_chunks(self, request_id: str, from_stage: str, items: list[StreamItem]) -> None:
-        """Send the chunks to the bound replica."""
-        await self._link(request_id).stream_chunks(request_id, from_stage, items)
-
-    async def stream_signal(self, request_id: str, from_stage: str, error: str | None = None) -> None:
-        """Send the end-of-stream (or error) signal to the bound replica."""
-        await self._link(request_id).stream_signal(request_id, from_stage, error)
