@@ -134,6 +134,19 @@ def describe_error(error: object) -> str:
     return str(error)
 
 
+class MalformedMessage(ValueError):
+    """A control message (or a DataRef inside one) failed to decode or validate.
+
+    ``reason`` says what was wrong; the receiver logs it and drops the message. Raised by
+    :func:`omni_trio.control.codec.decode` and :meth:`omni_trio.comm.dataref.DataRef.from_wire`
+    (the trust boundary), never by anything a user calls.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class DuplicateRequestId(OmniTrioError, ValueError):
     """A request id is already live in this pipeline; nothing was sent."""
 

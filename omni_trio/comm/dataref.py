@@ -5,7 +5,7 @@ friendly, ``_type: "DataRef"``, ``version: 1``). The receiver calls
 :meth:`DataRef.from_wire`, which validates types *and* layout consistency
 (entries inside the buffer, aligned, sizes matching shape x dtype, known
 dtypes), so the unpacking code can trust what it gets. Anything wrong raises
-:class:`~omni_trio.control.codec.MalformedMessage`.
+:class:`~omni_trio.errors.MalformedMessage`.
 
 Layouts:
 
@@ -36,8 +36,9 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
 from omni_trio.comm.shm import ShmPut
+from omni_trio.comm.strict import describe_invalid, strict_converter
 from omni_trio.comm.tcp import frame_sizes_match
-from omni_trio.control.codec import MalformedMessage, converter, describe_error
+from omni_trio.errors import MalformedMessage
 
 __all__ = [
     "DATAREF_TYPE",
@@ -251,7 +252,7 @@ class DataRef:
         try:
             ref: DataRef = converter.structure(fields, cls)
         except Exception as exc:
-            raise MalformedMessage(f"malformed DataRef: {describe_error(exc)[:500]}") from exc
+            raise MalformedMessage(f"malformed DataRef: {describe_invalid(exc)[:500]}") from exc
         return ref
 
 
@@ -300,6 +301,8 @@ def _inline_from_wire(wire: dict[str, Any]) -> DataRef:
         raise MalformedMessage(f"malformed DataRef: {str(exc)[:500]}") from None
 
 
+#: DataRef maps to and from attrs classes (exact types only).
+converter = strict_converter()
 # Fields equal to their default stay off the wire (an inline ref is four keys and a header), but the
 # version is part of the wire contract: always write it. The sender's byte count stays home.
 converter.register_unstructure_hook(
