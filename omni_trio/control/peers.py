@@ -22,7 +22,8 @@ import zmq
 from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.unix_link import UnixPull, UnixPush
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 
 
 def socket_path(ipc_dir: Path, process: str) -> Path:

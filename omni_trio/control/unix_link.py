@@ -49,7 +49,8 @@ from types import TracebackType
 import trio
 
 from omni_trio.control.auth import Frame
-from omni_trio.control.zmq_trio import IpcPath, SocketPolicy, ipc_endpoint
+from omni_trio.control.zmq_sockets import IpcPath, ipc_endpoint
+from omni_trio.control.zmq_trio import SocketPolicy
 from omni_trio.errors import MessageTooLarge
 from omni_trio.tracing import get_logger
 

@@ -14,7 +14,7 @@ worker starts like a local one and reports ``Ready`` within the pipeline's start
 
 The caller keeps a connection of its own to each joined worker, with ZMTP heartbeats, and watches it
 with a socket monitor: the worker is dead when it drops (a killed process's socket closes at once;
-a host that is gone stops answering heartbeats within :data:`~omni_trio.control.zmq_trio.HEARTBEAT_TIMEOUT_MS`).
+a host that is gone stops answering heartbeats within :data:`~omni_trio.control.zmq_sockets.HEARTBEAT_TIMEOUT_MS`).
 :class:`RemoteProcess` stands for such a worker where the supervisor expects a process.
 
 A restarted group's worker (``restart="on-failure"``: the same command, run again by an orchestrator)
@@ -39,7 +39,8 @@ from omni_trio.control import messages as m
 from omni_trio.control.codec import encode
 from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_trio import TrioSocket, connect_watched, wait_dropped
+from omni_trio.control.zmq_sockets import connect_watched, wait_dropped
+from omni_trio.control.zmq_trio import TrioSocket
 from omni_trio.tracing import get_logger
 
 __all__ = ["KeyFile", "ManualWorkers", "RemoteProcess"]

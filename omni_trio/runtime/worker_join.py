@@ -35,7 +35,8 @@ from omni_trio.control import messages as m
 from omni_trio.control.auth import FrameMac
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_watched, wait_dropped
+from omni_trio.control.zmq_sockets import bind_pull, connect_watched, wait_dropped
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.runtime.join import KeyFile
 from omni_trio.runtime.spec import WorkerSpec
 from omni_trio.runtime.worker import hard_exit, serve

@@ -17,7 +17,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from omni_trio.control.auth import MAC_BYTES, FrameMac, new_secret
 from omni_trio.control.curve import Curve, CurveKeys, new_curve_keys
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 
 _FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 

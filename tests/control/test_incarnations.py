@@ -21,7 +21,8 @@ from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.codec import decode, encode
 from omni_trio.control.curve import Curve, new_curve_keys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket, bind_pull, connect_push
+from omni_trio.control.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.runtime.join import ManualWorkers
 from omni_trio.tracing import Tracer
 
