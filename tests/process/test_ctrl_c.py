@@ -22,10 +22,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = textwrap.dedent(
     """
+    import signal
     import sys
     import trio
     import omni_trio as ot
 
+    # Ctrl-C as in a terminal, whatever the test runner inherited (a background job of a shell
+    # without job control, or under nohup, starts with SIGINT ignored, and so would this program).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     base, pid_file = sys.argv[1], sys.argv[2]
     config = ot.PipelineConfig(
         stages=[
