@@ -66,6 +66,7 @@ def _check_names(path: str, value: object, known: set[str]) -> list[ConfigProble
 
 
 def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[ConfigProblem]:
+    """The problems of ``stages[index]`` alone (``known``: every stage name, for its edges), with their paths."""
     at = f"stages[{index}]"
     problems: list[ConfigProblem] = []
     if not isinstance(stage.name, str) or not stage.name:
@@ -216,12 +217,14 @@ def group_problems(stages: list[StageConfig]) -> list[ConfigProblem]:
 
 
 def admission_problems(limit: object) -> list[ConfigProblem]:
+    """The problems of ``max_in_flight`` (None, or a whole number >= 1)."""
     if limit is None or _is_whole(limit, 1):
         return []
     return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
 
 
 def stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[ConfigProblem]:
+    """The problems of ``stream_delivery`` (the unread stream output cap), with their paths."""
     backlog = stream_delivery.max_total_backlog_bytes
     if _is_whole(backlog, 1):
         return []
@@ -230,6 +233,7 @@ def stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[Conf
 
 
 def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
+    """The problem of ``endpoints.max_message_bytes``, if an inline message would not fit."""
     size = endpoints.max_message_bytes
     if _is_whole(size, MIN_MESSAGE_BYTES):
         return []
@@ -242,6 +246,7 @@ def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
 
 
 def start_method_problems(method: object) -> list[ConfigProblem]:
+    """The problem of ``start_method``, if it names no way of starting workers."""
     if method in START_METHODS:
         return []
     return [ConfigProblem(
@@ -264,6 +269,8 @@ def _is_whole(value: object, minimum: int) -> bool:
 
 
 def serve_problems(serve: object) -> list[ConfigProblem]:
+    """The problems of the ``serve`` section (None: not served): model id, adapter, body limit, time
+    settings, retry hint, with their paths."""
     if serve is None:
         return []
     if not isinstance(serve, ServeConfig):
@@ -288,6 +295,9 @@ def serve_problems(serve: object) -> list[ConfigProblem]:
 
 
 def graph_problems(stages: list[StageConfig], entry: str) -> list[ConfigProblem]:
+    """The problems of the stage graph as a whole: fan-in sources that do not route to their stage,
+    stream targets that cannot take chunks before their payload (a warning), the entry stage, stages
+    it cannot reach, no reachable terminal stage, cycles."""
     problems: list[ConfigProblem] = []
     by_name = {stage.name: stage for stage in stages}
     known = set(by_name)

@@ -87,15 +87,24 @@ class StageScheduler(Protocol):
     """
 
     @property
-    def inbox(self) -> queue.Queue[IncomingMessage]: ...
+    def inbox(self) -> queue.Queue[IncomingMessage]:
+        """Where the stage puts what arrives for the scheduler (an :class:`~omni_trio.scheduling.inbox.Inbox`
+        also tells the stage when a chunk was taken)."""
 
     @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]: ...
+    def outbox(self) -> queue.Queue[OutgoingMessage]:
+        """Where the scheduler puts what it produces (an :class:`~omni_trio.scheduling.outbox.Outbox`
+        wakes the stage's drain; a plain queue is drained by a pump thread)."""
 
-    def warm_up_serving_thread(self) -> None: ...
+    def warm_up_serving_thread(self) -> None:
+        """Run once on the scheduler's thread before :meth:`start` (a model's warm-up); raising fails the
+        stage's start-up with the error."""
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Serve on the scheduler's thread until :meth:`stop`."""
 
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Make a blocked :meth:`start` return promptly (from any thread)."""
 
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str) -> None:
+        """Drop ``request_id`` (runs on the stage's event loop: quick and thread-safe)."""

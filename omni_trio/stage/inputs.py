@@ -25,11 +25,14 @@ class FanInError(OmniTrioError, ValueError):
 class InputHandler(Protocol):
     """Turns arrivals into payloads to compute (or ``None`` while waiting)."""
 
-    def receive(self, request_id: str, from_stage: str, payload: StagePayload) -> StagePayload | None: ...
+    def receive(self, request_id: str, from_stage: str, payload: StagePayload) -> StagePayload | None:
+        """``from_stage``'s payload arrived: the payload to compute, or None while inputs are missing."""
 
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str) -> None:
+        """Forget what is held for ``request_id``."""
 
-    def pending_count(self) -> int: ...
+    def pending_count(self) -> int:
+        """How many requests wait for more inputs."""
 
 
 class DirectInput:
