@@ -1,7 +1,7 @@
 """W5's first chunk, counted: the Python function calls each process makes between ``stream()`` and the
 caller's first chunk.
 
-Run: ``python benchmarks/first_chunk_calls.py [--requests 20] [--chunks 1] [--top 12]`` (from the
+Run: ``python -m benchmarks.first_chunk_calls [--requests 20] [--chunks 1] [--top 12]`` (from the
 repository root, in the test venv). Starts the bench's W5 pipeline (``bench_stages``: a talker streaming
 small int64 chunks to a forwarding vocoder in another process, which forwards them to the caller),
 streams 3 warm-up requests and then ``--requests`` more, and prints, for each process (``C``: the
@@ -63,7 +63,7 @@ def _dump(directory: str, role: str) -> None:
         out.writelines(f"{at}\t{filename}\t{name}\n" for at, filename, name in _calls)
 
 
-from omni_trio import bench_stages  # noqa: E402 - the stage code the factories below build
+from benchmarks import stages as bench_stages  # noqa: E402 - the stage code the factories below build
 
 
 class CountedTalker(bench_stages.ChunkTalker):

@@ -9,7 +9,7 @@ and one ``unbind``) and hands each chunk to its scheduler thread and back, as a 
 must (a ``queue.SimpleQueue`` to the thread, ``run_sync_soon`` back), then forwards them to the caller
 the same way. The caller views them and times the first chunk and the whole stream.
 
-    python benchmarks/first_chunk_floor.py [--requests 60] [--chunks 1000] [--kinds ours,unix]
+    python -m benchmarks.first_chunk_floor [--requests 60] [--chunks 1000] [--kinds ours,unix]
 
 What is left out is everything the runtime adds: messages with their fields and checks, data
 references, headers with metadata, the stage's bookkeeping. What stays is what default stage code on

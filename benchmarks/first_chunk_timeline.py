@@ -1,6 +1,6 @@
 """W5's first chunk, step by step, across its three processes: the median time of each step after ``stream()``.
 
-Run: ``python benchmarks/first_chunk_timeline.py [--requests 60] [--chunks 1000] [--pause-after-first MS]
+Run: ``python -m benchmarks.first_chunk_timeline [--requests 60] [--chunks 1000] [--pause-after-first MS]
 [--max-queued-streams N]`` (from the repository root, in the test venv). Starts the bench's W5 pipeline
 (``bench_stages``: a talker streaming small int64 chunks to a forwarding vocoder in another process,
 which forwards them to the caller), streams 3 warm-up requests and then ``--requests`` more, one after
@@ -45,18 +45,18 @@ BOUND = "OMNI_TRIO_TIMELINE_MAX_QUEUED_STREAMS"
 
 #: (module, qualified name, label): the runtime steps marked on the way in (``>``) and out (``<``).
 STEPS = [
-    ("omni_trio.coordinator", "Coordinator._admit", "admit"),
+    ("omni_trio.coordinator.coordinator", "Coordinator._admit", "admit"),
     ("omni_trio.runtime.directory", "ProcessDirectory.submit", "submit"),
     ("omni_trio.control.sending", "encode_object", "encode object"),
     ("omni_trio.control.sending", "encode_inline", "encode inline"),
     ("omni_trio.control.peers", "encode", "encode message"),
-    ("omni_trio.control.unix_link", "UnixPush.send_multipart", "seal + sendmsg"),
+    ("omni_trio.control.sockets.unix_link", "UnixPush.send_multipart", "seal + sendmsg"),
     ("omni_trio.control.dispatch", "decode", "decode message"),
     ("omni_trio.control.receiving", "decode_object", "decode object"),
     ("omni_trio.stage.stage", "Stage.execute", "to the scheduler"),
     ("omni_trio.scheduling.inbox", "Inbox.put_all", "chunks to the scheduler"),
     ("omni_trio.stage.outbound", "Outbound.handle_batch", "drain routes a batch"),
-    ("omni_trio.coordinator", "Coordinator.on_stream", "chunk to the reader"),
+    ("omni_trio.coordinator.coordinator", "Coordinator.on_stream", "chunk to the reader"),
 ]
 
 _marks: list[tuple[int, str]] = []
@@ -108,7 +108,7 @@ def _wrap_step(module: str, qualname: str, label: str) -> None:
 
 def _wake_marks() -> None:
     """Mark a loop's wake-up (its wait for a readable socket returned) and each message read off a link."""
-    from omni_trio.control import unix_link
+    from omni_trio.control.sockets import unix_link
 
     wait_readable = trio.lowlevel.wait_readable
 
@@ -138,7 +138,7 @@ def _install() -> None:
 
 _install()
 
-from omni_trio import bench_stages  # noqa: E402 - after the wrapping, so that what it binds is wrapped too
+from benchmarks import stages as bench_stages  # noqa: E402 - after the wrapping, so that what it binds is wrapped too
 from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Full garbage collections in W5's worker processes: how often they run and how long each holds its process.
 
-Run: ``python benchmarks/gc_pauses.py [--requests 300] [--chunks 1000]`` (from the repository root, in the
+Run: ``python -m benchmarks.gc_pauses [--requests 300] [--chunks 1000]`` (from the repository root, in the
 test venv). Starts the bench's W5 pipeline (``bench_stages.stream_config``: a talker streaming small int64
 chunks to a forwarding vocoder in another process), streams ``--requests`` requests one after the other,
 and prints, for each worker process and for the caller's, every full (generation 2) collection it ran and
@@ -28,8 +28,8 @@ from typing import Any
 import trio
 
 import omni_trio as ot
-from omni_trio import bench_stages
-from omni_trio.bench_measure import descendant_pids
+from benchmarks import stages as bench_stages
+from benchmarks.measure import descendant_pids
 
 #: Where each worker appends its full collections (set by main() before the workers start).
 PAUSES_DIR = "OMNI_TRIO_GC_PAUSES_DIR"
@@ -84,7 +84,7 @@ def _private_mb(pid: int) -> float:
 
 def _workers() -> list[int]:
     return [pid for pid in descendant_pids(os.getpid())
-            if "omni_trio.runtime.worker" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+            if "omni_trio.runtime.workers.worker" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
 
 
 async def _run(requests: int, chunks: int) -> tuple[list[float], dict[int, tuple[float, float]]]:

@@ -1,6 +1,6 @@
 """The per-step cost of one process hop, each step measured in isolation (tracing off).
 
-Run: ``python benchmarks/hop_budget.py`` (from the repository root, in the test venv; ``--embedded``: only
+Run: ``python -m benchmarks.hop_budget`` (from the repository root, in the test venv; ``--embedded``: only
 the embedded pipelines, which also run against older trees, e.g. ``PYTHONPATH=<old tree>``, for an A/B;
 the steps that name newer modules import them where they are measured). Prints one line per
 step of the hop a W1/W2 payload takes between two worker processes, in microseconds (median of many
@@ -27,8 +27,8 @@ import zmq
 
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import decode_object, encode_inline, tensor_bytes
-from omni_trio.control import messages as m
-from omni_trio.control.codec import decode, encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import decode, encode
 from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.scheduling import IncomingMessage, Outbox, SimpleScheduler
 from omni_trio.stage.bridge import SchedulerThread, outbox_source
@@ -55,7 +55,7 @@ def _payload() -> StagePayload:
 
 def codec_steps() -> dict[str, float]:
     """Sender and receiver steps of the control message and its inline DataRef."""
-    from omni_trio.control.auth import FrameMac, new_secret
+    from omni_trio.control.wire.auth import FrameMac, new_secret
 
     payload = _payload()
     kw: dict[str, Any] = {"sender": "s0", "target": "s1", "object_id": "req-000001:payload:s0:s1:7",
@@ -172,10 +172,7 @@ def embedded_request_us(blocks: int = 60, per: int = 20) -> dict[str, float]:
     process CPU time, which the machine's other load does not inflate the way wall time does."""
     import attrs
 
-    try:
-        from omni_trio import bench_stages as bench
-    except ImportError:  # a tree from before the bench's split (an A/B against an older commit)
-        from omni_trio import bench  # type: ignore[no-redef]
+    from benchmarks import stages as bench
     from omni_trio.runtime.pipeline import open_pipeline
 
     def embedded(config: Any) -> Any:

@@ -3,7 +3,7 @@ trio loop that forwards a ~300-byte three-frame message, over pyzmq PUSH/PULL (i
 Unix stream sockets with length-prefixed frames. Prints p50 per round trip and the CPU per request of
 each process (all its threads, kernel included).
 
-    python benchmarks/link_floor.py [--requests 3000] [--forwarders 2] [--handoffs 0] [--kinds zmq,unix,ours]
+    python -m benchmarks.link_floor [--requests 3000] [--forwarders 2] [--handoffs 0] [--kinds zmq,unix,ours]
 
 ``--forwarders N`` puts N forwarding processes in the ring (W1: 2, W2: 4, W7: 1). ``--handoffs K``
 makes each forwarder hand the message to a thread and back K times before sending it on, each time
@@ -30,9 +30,9 @@ import time
 import trio
 import zmq
 
-from omni_trio.control.auth import FrameMac
-from omni_trio.control.unix_link import UnixPull, UnixPush
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.unix_link import UnixPull, UnixPush
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire.auth import FrameMac
 
 FRAMES = [b"x" * 40, b"y" * 200, b"z" * 60]
 _HEAD = struct.Struct("<I")

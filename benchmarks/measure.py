@@ -1,4 +1,4 @@
-"""Measurement helpers shared by the benchmarks (:mod:`omni_trio.bench`, :mod:`omni_trio.bench_sglang`):
+"""Measurement helpers shared by the benchmarks (:mod:`benchmarks.run`, :mod:`benchmarks.sglang`):
 latency percentiles, a process tree's CPU ticks, the cost of an in-process tensor copy."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The pipeline of benchmark W9 of ``python -m omni_trio.bench``: stage replicas scale a slow stage out.
+"""The pipeline of benchmark W9 of ``python -m benchmarks``: stage replicas scale a slow stage out.
 
 A chain ``front -> device -> back``, each in worker processes, whose middle stage blocks for
 20 ms per request outside the GIL (``time.sleep`` on its scheduler thread, like a device
 kernel), one request at a time per replica. 16 requests stay in flight; the chain runs with
 ``device.replicas`` = 1, 2 and 4, and the result is each one's requests/s and the speed-up over
-one replica (docs/benchmarks.md). ``omni_trio.bench_workloads.w9`` runs it.
+one replica (docs/benchmarks.md). ``benchmarks.workloads.w9`` runs it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.payload import StagePayload
 from omni_trio.scheduling import SimpleScheduler
 
-M = "omni_trio.bench_replicas"
+M = "benchmarks.replicas"
 #: How long the device stage holds each request, and the replica counts compared.
 DEVICE_S = 0.020
 REPLICAS = (1, 2, 4)

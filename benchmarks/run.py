@@ -1,6 +1,6 @@
 """The omni-trio benchmark suite: latency, throughput, transfer and idle cost of real pipelines.
 
-Run ``python -m omni_trio.bench [--quick] [--json PATH] [--only W1,W4,...]`` (or ``omni-trio bench ...``).
+Run ``python -m benchmarks [--quick] [--json PATH] [--only W1,W4,...]`` (or ``omni-trio bench ...``).
 Every stage runs in a worker process of its own unless a workload says otherwise. The workloads:
 
 - ``W1``: a chain of 2 no-op stages, sequential requests after a warm-up: p50/p90/p99 latency (ms).
@@ -17,12 +17,12 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 - ``W7``: the 4-stage chain with every stage in one worker process: latency.
 - ``W8``: start-up and shutdown time of the 4-stage chain.
 - ``W9``: a chain whose middle stage holds each request 20 ms outside the GIL, 16 in flight, with that
-  stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`omni_trio.bench_replicas`).
+  stage's replicas at 1, 2 and 4: requests/s and speed-ups (:mod:`benchmarks.replicas`).
 - ``floor``: raw round trips between two processes (no omni-trio): pyzmq PUSH/PULL over ipc, and a
   Unix stream socket (``unix_*``, the same-host link's transport).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 - ``W1-tcp``, ``W4-tcp``, ``W5-tcp``: W1, W4 and W5 with a ``manual`` worker in a second network
-  namespace, over CURVE TCP on a veth pair (:mod:`omni_trio.bench_tcp`; root and ``ip netns`` needed,
+  namespace, over CURVE TCP on a veth pair (:mod:`benchmarks.tcp`; root and ``ip netns`` needed,
   else skipped with the reason); ``--only tcp`` runs the three.
 - ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
   ``ot.serve``: time to first audio and request latency (medians) over HTTP (httpx, streaming
@@ -50,9 +50,9 @@ from pathlib import Path
 
 import trio
 
-from omni_trio import bench_tcp
-from omni_trio.bench_stages import STAGE_FACTORY
-from omni_trio.bench_workloads import floor_sync, idle, serve_bench, w1, w2, w3, w4, w5, w6, w7, w8, w9
+from benchmarks import tcp as bench_tcp
+from benchmarks.stages import STAGE_FACTORY
+from benchmarks.workloads import floor_sync, idle, serve_bench, w1, w2, w3, w4, w5, w6, w7, w8, w9
 
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve",
              "W1-tcp", "W4-tcp", "W5-tcp")
@@ -78,7 +78,7 @@ def run_workload(name: str, quick: bool) -> dict[str, float]:
 def skip_reason(name: str) -> str | None:
     """Why workload ``name`` cannot run here (None: it can): the TCP rows need network namespaces."""
     if name.endswith("-tcp"):
-        from omni_trio.netns import unavailable
+        from tests.netns import unavailable
 
         reason = unavailable()
         return None if reason is None else f"the TCP rows run between network namespaces: {reason}"
@@ -89,8 +89,8 @@ def skip_reason(name: str) -> str | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments of ``python -m omni_trio.bench``."""
-    parser = argparse.ArgumentParser(prog="omni_trio.bench", description="Run the omni-trio benchmark suite.")
+    """The arguments of ``python -m benchmarks``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Run the omni-trio benchmark suite.")
     parser.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")
     parser.add_argument("--json", default="out/bench.json", metavar="PATH", help="where to write the results")
     groups = "; ".join(f"{group} = {'+'.join(names)}" for group, names in GROUPS.items())
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         STAGE_FACTORY["inline"] = True
     comparison = None
     if args.vs_sglang_omni:
-        from omni_trio import bench_sglang
+        from benchmarks import sglang as bench_sglang
 
         problem = bench_sglang.unavailable_message()
         if problem is not None:
@@ -181,6 +181,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path}", file=sys.stderr)
     return 1 if errors or (comparison is not None and comparison.errors) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

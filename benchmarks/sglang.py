@@ -1,17 +1,17 @@
-"""The benchmark workloads of :mod:`omni_trio.bench`, run through SGLang-Omni 0.1.9 for comparison:
+"""The benchmark workloads of :mod:`benchmarks.run`, run through SGLang-Omni 0.1.9 for comparison:
 the parent's side.
 
-``python -m omni_trio.bench --vs-sglang-omni`` runs each workload on omni-trio and then, through
+``python -m benchmarks --vs-sglang-omni`` runs each workload on omni-trio and then, through
 :func:`run_workload`, the same workload on SGLang-Omni's own pipeline core
 (``MultiProcessPipelineRunner``, its ``Coordinator``, ``SimpleScheduler`` and
 ``StreamingSimpleScheduler``, each stage in a spawned process of its own unless the workload says
 otherwise) and prints ours-over-theirs ratios (:class:`Comparison`, :func:`table`). The stages and
-workloads on SGLang-Omni's side are in :mod:`omni_trio.bench_sglang_child`; every metric key is the
+workloads on SGLang-Omni's side are in :mod:`benchmarks.sglang_child`; every metric key is the
 same as in ``bench.py``.
 
 SGLang-Omni is not a dependency: it is installed in a separate virtual environment with the recipe
 in ``docs/benchmarks.md``. Its imports pull GPU-only packages, so each run happens in a child
-interpreter (``python -m omni_trio.bench_sglang_child NAME``, asyncio, as SGLang-Omni needs) whose
+interpreter (``python -m benchmarks.sglang_child NAME``, asyncio, as SGLang-Omni needs) whose
 ``PYTHONPATH`` starts with ``benchmarks/sglang_shims``: tiny modules of ours that stand in for those
 imports. Nothing of SGLang-Omni's code is copied here.
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_trio.bench_sglang_child import RESULT_PREFIX
+from benchmarks.sglang_child import RESULT_PREFIX
 
 SGLANG_OMNI_VERSION = "0.1.9"
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,11 +105,11 @@ def available() -> bool:
 
 def run_workload(name: str, quick: bool, timeout_s: float = 900.0) -> dict[str, float]:
     """Run one workload on SGLang-Omni in a fresh child interpreter; the same metric keys as
-    :func:`omni_trio.bench.run_workload`. Raises ``ValueError`` for a workload it cannot express and
+    :func:`benchmarks.run.run_workload`. Raises ``ValueError`` for a workload it cannot express and
     ``RuntimeError`` when the child fails."""
     if name in NOT_COMPARABLE:
         raise ValueError(f"{name}: {NOT_COMPARABLE[name]}")
-    command = [sys.executable, "-m", "omni_trio.bench_sglang_child", name, *(["--quick"] if quick else [])]
+    command = [sys.executable, "-m", "benchmarks.sglang_child", name, *(["--quick"] if quick else [])]
     proc = subprocess.run(command, cwd=ROOT, env=_child_env(), capture_output=True, text=True,
                           timeout=timeout_s, check=False)
     for line in reversed(proc.stdout.splitlines()):
@@ -127,7 +127,7 @@ def unavailable_message() -> str | None:
         return None
     return (f"--vs-sglang-omni needs SGLang-Omni {SGLANG_OMNI_VERSION} importable: {reason}. "
             f"Install it in a separate virtual environment with the recipe in {RECIPE}, "
-            "and run `python -m omni_trio.bench --vs-sglang-omni` from that environment.")
+            "and run `python -m benchmarks --vs-sglang-omni` from that environment.")
 
 
 class Comparison:

@@ -1,13 +1,13 @@
-"""SGLang-Omni's side of ``--vs-sglang-omni`` (:mod:`omni_trio.bench_sglang`): the workloads, each run in
+"""SGLang-Omni's side of ``--vs-sglang-omni`` (:mod:`benchmarks.sglang`): the workloads, each run in
 a child interpreter under asyncio (as SGLang-Omni needs) with ``benchmarks/sglang_shims`` first on its
 ``PYTHONPATH``:
 
-    python -m omni_trio.bench_sglang_child W1 [--quick]
+    python -m benchmarks.sglang_child W1 [--quick]
 
 prints the workload's metrics as one JSON line after :data:`RESULT_PREFIX`, with the same keys as
-:mod:`omni_trio.bench`. SGLang-Omni's own modules are imported inside the functions that use them, so
+:mod:`benchmarks.run`. SGLang-Omni's own modules are imported inside the functions that use them, so
 that the parent, which has no SGLang-Omni, can import this module for :data:`RESULT_PREFIX`. The
-stages and configs are in :mod:`omni_trio.bench_sglang_stages`.
+stages and configs are in :mod:`benchmarks.sglang_stages`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from omni_trio.bench_measure import (
+from benchmarks.measure import (
     W5_REQUESTS,
     copy_costs,
     descendant_pids,
@@ -31,7 +31,7 @@ from omni_trio.bench_measure import (
     proc_cpu_ticks,
     time_streams,
 )
-from omni_trio.bench_sglang_stages import MB, chain_config, fanin_config, stream_config, tensor_config
+from benchmarks.sglang_stages import MB, chain_config, fanin_config, stream_config, tensor_config
 
 #: What starts the child's one line of metrics (JSON) on its stdout.
 RESULT_PREFIX = "BENCH_SGLANG_RESULT "
@@ -203,7 +203,7 @@ WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6, "W7": w
 
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: run one workload on SGLang-Omni and print its metrics as one JSON line."""
-    parser = argparse.ArgumentParser(prog="omni_trio.bench_sglang_child",
+    parser = argparse.ArgumentParser(prog="benchmarks.sglang_child",
                                      description="One benchmark workload on SGLang-Omni (a child of bench).")
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("--quick", action="store_true")

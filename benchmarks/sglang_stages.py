@@ -1,6 +1,6 @@
 """The benchmark's stages written against SGLang-Omni's API, the equivalents of
-:mod:`omni_trio.bench_stages`, and their pipeline configs: what the workloads of
-:mod:`omni_trio.bench_sglang_child` run on SGLang-Omni, its stage workers importing the factories from
+:mod:`benchmarks.stages`, and their pipeline configs: what the workloads of
+:mod:`benchmarks.sglang_child` run on SGLang-Omni, its stage workers importing the factories from
 here. SGLang-Omni's modules (and torch) are imported inside the functions that use them.
 """
 
@@ -12,7 +12,7 @@ import tempfile
 from typing import Any
 
 #: This module, as SGLang-Omni's stage configs name their factories.
-M = "omni_trio.bench_sglang_stages"
+M = "benchmarks.sglang_stages"
 MB = 1 << 20
 
 

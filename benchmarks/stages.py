@@ -1,4 +1,4 @@
-"""The stage code and pipeline configs of the benchmark workloads (:mod:`omni_trio.bench`).
+"""The stage code and pipeline configs of the benchmark workloads (:mod:`benchmarks.run`).
 
 What a user writes: ``SimpleScheduler(fn)`` with its default arguments, in a module that imports torch at
 the top (workers import this module to build the stages). :data:`STAGE_FACTORY` is what every config
@@ -17,7 +17,7 @@ from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.payload import StagePayload
 from omni_trio.scheduling import IncomingMessage, Outbox, OutgoingMessage, SimpleScheduler, StreamingSimpleScheduler
 
-M = "omni_trio.bench_stages"
+M = "benchmarks.stages"
 MB = 1 << 20
 
 

@@ -1,11 +1,11 @@
 """W1, W4 and W5 over TCP between two hosts: the main bench's ``W1-tcp``, ``W4-tcp`` and ``W5-tcp`` rows.
 
-``python -m omni_trio.bench --only tcp`` runs them with the other rows (:func:`run_row` each);
-``python -m omni_trio.bench_tcp [--quick] [--json PATH]`` runs only them.
+``python -m benchmarks --only tcp`` runs them with the other rows (:func:`run_row` each);
+``python -m benchmarks.tcp [--quick] [--json PATH]`` runs only them.
 
-Two network namespaces joined by a veth pair (:mod:`omni_trio.netns`; root needed) stand for two
+Two network namespaces joined by a veth pair (:mod:`tests.netns`; root needed) stand for two
 hosts: the caller runs in one (``ip netns exec``), a ``manual`` worker in the other, joined over CURVE.
-The workloads are the bench's own (:mod:`omni_trio.bench_workloads`), each stage in a worker process of its
+The workloads are the bench's own (:mod:`benchmarks.workloads`), each stage in a worker process of its
 own as there, with the last stage's worker on the other host: the worker -> worker edge crosses the
 link, as does the result's way back to the caller.
 
@@ -31,10 +31,11 @@ from typing import IO, Any
 import attrs
 import trio
 
-from omni_trio import bench_stages, bench_workloads
+from benchmarks import stages as bench_stages
+from benchmarks import workloads as bench_workloads
 from omni_trio.config import PipelineConfig
-from omni_trio.netns import unavailable, veth_namespaces
-from omni_trio.processes import ProcessConfig
+from omni_trio.config.processes import ProcessConfig
+from tests.netns import unavailable, veth_namespaces
 
 __all__ = ["WORKLOADS", "main", "run_row", "tcp_placed"]
 
@@ -71,7 +72,7 @@ def _forward_until(stream: IO[str], pattern: str, found: list[str], ready: threa
 
 def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_ip: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    argv = [sys.executable, "-m", "omni_trio.bench_tcp", "--inner", workload, near_ip, far_ip]
+    argv = [sys.executable, "-m", "benchmarks.tcp", "--inner", workload, near_ip, far_ip]
     caller = subprocess.Popen(
         ["ip", "netns", "exec", near, *argv, *(["--quick"] if quick else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -118,7 +119,7 @@ def run_row(name: str, quick: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the TCP rows; print them and write them to ``--json``."""
-    parser = argparse.ArgumentParser(prog="python -m omni_trio.bench_tcp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tcp", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts")
     parser.add_argument("--json", default="out/bench-tcp.json", metavar="PATH", help="where to write the results")
     parser.add_argument("--inner", nargs=3, metavar=("WORKLOAD", "MAIN_HOST", "FAR_HOST"), help=argparse.SUPPRESS)

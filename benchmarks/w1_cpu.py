@@ -1,6 +1,6 @@
 """Where a W1 request's time goes, measured whole: wall time and each process's CPU per request.
 
-Run: ``python benchmarks/w1_cpu.py [--inline] [--requests N]`` (from the repository root, in the test
+Run: ``python -m benchmarks.w1_cpu [--inline] [--requests N]`` (from the repository root, in the test
 venv). Starts the bench's W1 pipeline (two no-op stages, each in a worker process of its own), sends
 200 warm-up requests, then ``N`` sequential ones, and prints the wall time per request next to the CPU
 time per request of the caller and of each worker (utime + stime from ``/proc/<pid>/stat``: all of a
@@ -19,8 +19,8 @@ import attrs
 import trio
 
 import omni_trio as ot
-from omni_trio.bench_measure import descendant_pids, proc_cpu_ticks
-from omni_trio.bench_stages import chain_config
+from benchmarks.measure import descendant_pids, proc_cpu_ticks
+from benchmarks.stages import chain_config
 
 
 async def measure(inline: bool, requests: int) -> None:

@@ -1,6 +1,6 @@
 """Where a W5 request's time goes, measured whole: wall time and each process's CPU per request.
 
-Run: ``python benchmarks/w5_cpu.py [--requests N] [--chunks C]`` (from the repository root, in the test
+Run: ``python -m benchmarks.w5_cpu [--requests N] [--chunks C]`` (from the repository root, in the test
 venv). Starts the bench's W5 pipeline (a talker streaming ``C`` small int64 chunks to a forwarding
 vocoder in another process, which forwards them to the caller), streams 3 warm-up requests, then ``N``
 sequential ones, and prints the wall time per request next to the CPU time per request of the caller
@@ -18,8 +18,8 @@ import time
 import trio
 
 import omni_trio as ot
-from omni_trio.bench_measure import descendant_pids, proc_cpu_ticks
-from omni_trio.bench_stages import stream_config
+from benchmarks.measure import descendant_pids, proc_cpu_ticks
+from benchmarks.stages import stream_config
 
 
 async def measure(requests: int, chunks: int) -> None:

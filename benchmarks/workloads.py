@@ -1,5 +1,5 @@
 """The benchmark workloads W1-W9, the floor, idle and serve rows: each one a function of ``quick``
-that runs real pipelines and returns its metrics (:mod:`omni_trio.bench` runs and prints them).
+that runs real pipelines and returns its metrics (:mod:`benchmarks.run` runs and prints them).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from omni_trio import bench_replicas as replica_bench
-from omni_trio.bench_measure import (
+from benchmarks import replicas as replica_bench
+from benchmarks.measure import (
     W5_REQUESTS,
     copy_costs,
     descendant_pids,
@@ -27,9 +27,9 @@ from omni_trio.bench_measure import (
     proc_cpu_ticks,
     time_streams,
 )
-from omni_trio.bench_stages import MB, chain_config, fanin_config, stream_config, tensor_config
+from benchmarks.stages import MB, chain_config, fanin_config, stream_config, tensor_config
 from omni_trio.config import PipelineConfig
-from omni_trio.coordinator import Coordinator
+from omni_trio.coordinator.coordinator import Coordinator
 from omni_trio.events import StreamMessage
 from omni_trio.runtime.pipeline import open_pipeline
 
@@ -53,7 +53,7 @@ async def sequential_latency(config: PipelineConfig, requests: int, warmup: int,
 
 
 async def w1(q: bool, config: PipelineConfig | None = None) -> dict[str, float]:
-    """Chain of 2 no-op stages, sequential requests (``config``: placed otherwise, omni_trio/bench_tcp.py)."""
+    """Chain of 2 no-op stages, sequential requests (``config``: placed otherwise, benchmarks/tcp.py)."""
     return await sequential_latency(config or chain_config(2), 20 if q else 500, 5 if q else 50)
 
 

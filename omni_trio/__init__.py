@@ -19,7 +19,12 @@ from omni_trio.config import (
     StreamDeliveryConfig,
     load_config,
 )
-from omni_trio.coordinator import Coordinator
+from omni_trio.config.processes import ProcessConfig
+from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
+from omni_trio.coordinator.request_stream import RequestStream
+from omni_trio.coordinator.sessions import Session
+from omni_trio.coordinator.stats import PipelineHealth, PipelineStats
 from omni_trio.errors import (
     ConfigError,
     ConfigProblem,
@@ -41,10 +46,6 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
-from omni_trio.pipeline_stats import PipelineHealth, PipelineStats
-from omni_trio.processes import ProcessConfig
-from omni_trio.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
-from omni_trio.request_stream import RequestStream
 from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.scheduling import (
     BusyTime,
@@ -61,10 +62,9 @@ from omni_trio.scheduling import (
     TimedChunk,
 )
 from omni_trio.serve import ServeAdapter, ServerAddress, serve
-from omni_trio.sessions import Session
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
 from omni_trio.stage.stats import StageStats
-from omni_trio.tracing import read_trace
+from omni_trio.tracing.trace import read_trace
 
 __all__ = [
     "AggregatedInput",

@@ -138,7 +138,7 @@ class MalformedMessage(ValueError):
     """A control message (or a DataRef inside one) failed to decode or validate.
 
     ``reason`` says what was wrong; the receiver logs it and drops the message. Raised by
-    :func:`omni_trio.control.codec.decode` and :meth:`omni_trio.comm.dataref.DataRef.from_wire`
+    :func:`omni_trio.control.wire.codec.decode` and :meth:`omni_trio.comm.dataref.DataRef.from_wire`
     (the trust boundary), never by anything a user calls.
     """
 

@@ -30,8 +30,8 @@ import pytest
 
 if TYPE_CHECKING:
     from omni_trio.config import PipelineConfig, StageConfig
-    from omni_trio.coordinator import Coordinator
-    from omni_trio.pipeline_stats import PipelineStats
+    from omni_trio.coordinator.coordinator import Coordinator
+    from omni_trio.coordinator.stats import PipelineStats
 
 #: ``embedded``: every stage in the caller's process (``process=None``);
 #: ``processes``: each stage in a worker process of its own, ``p_<stage name>``;

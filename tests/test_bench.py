@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m omni_trio.bench ARGS --json OUT`` from the repository root (bounded by ``timeout``)."""
+    """``python -m benchmarks ARGS --json OUT`` from the repository root (bounded by ``timeout``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "omni_trio.bench", *args, "--json", str(out)],
+        [sys.executable, "-m", "benchmarks", *args, "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
 
@@ -50,7 +50,7 @@ def test_inline_runs_the_noop_compute_on_the_event_loops(tmp_path: Path) -> None
 
 
 def test_the_stage_factories_are_default_stage_code_unless_inline() -> None:
-    from omni_trio import bench_stages as suite
+    from benchmarks import stages as suite
 
     assert not suite.create_noop().inline and suite.create_noop(inline=True).inline
     stages = suite.fanin_config().stages + suite.chain_config(2).stages
@@ -74,7 +74,7 @@ def test_vs_sglang_omni_without_it_names_the_recipe_and_fails(tmp_path: Path) ->
 
 
 def test_w4_ot_empty_column_is_compared_with_their_only_transfer() -> None:
-    from omni_trio import bench_sglang
+    from benchmarks import sglang as bench_sglang
 
     ours = {"64MB_latency_ms": 8.0, "64MB_empty_latency_ms": 2.0, "64MB_empty_ratio_vs_copy": 0.5}
     theirs = {"64MB_latency_ms": 160.0}
@@ -101,7 +101,7 @@ def test_serving_row_speaks_to_the_demo_over_http(tmp_path: Path) -> None:
 
 
 def test_quick_tcp_rows_run_in_the_main_bench_or_say_why_not(tmp_path: Path) -> None:
-    from omni_trio.netns import unavailable
+    from tests.netns import unavailable
 
     out = tmp_path / "bench.json"
     proc = bench(out, "--quick", "--only", "tcp", timeout=300)
@@ -131,7 +131,7 @@ async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_pat
     import trio
 
     import omni_trio as ot
-    from omni_trio.bench_stages import stream_config
+    from benchmarks.stages import stream_config
 
     trace = tmp_path / "w5.jsonl"
     with trio.fail_after(60):
@@ -150,7 +150,7 @@ async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_pat
 
 
 def test_without_root_the_tcp_rows_say_why_they_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omni_trio import bench as suite
+    from benchmarks import run as suite
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert suite.skip_reason("W1-tcp") == (
@@ -161,9 +161,9 @@ def test_without_root_the_tcp_rows_say_why_they_are_skipped(monkeypatch: pytest.
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python benchmarks/NAME ARGS`` from the repository root (bounded)."""
+    """``python -m benchmarks.NAME ARGS`` from the repository root (bounded)."""
     return subprocess.run(
-        [sys.executable, f"benchmarks/{name}", *args],
+        [sys.executable, "-m", f"benchmarks.{name.removesuffix('.py')}", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
 
@@ -184,7 +184,7 @@ def test_first_chunk_calls_counts_the_calls_of_all_three_processes() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = {line[0]: int(line.split()[1]) for line in proc.stdout.splitlines() if line[:2] in ("C:", "T:", "V:")}
     assert set(counts) == {"C", "T", "V"} and all(count > 50 for count in counts.values()), proc.stdout
-    assert "omni_trio/control/codec.py" in proc.stdout, proc.stdout
+    assert "omni_trio/control/wire/codec.py" in proc.stdout, proc.stdout
 
 
 def test_gc_pauses_runs_the_stream_and_reports_its_requests() -> None:

@@ -1,13 +1,16 @@
 """The commands of ``omni-trio`` whose work is done elsewhere in the package: ``validate`` (the config),
-``serve`` (:mod:`omni_trio.serve`), ``worker`` (:mod:`omni_trio.runtime.worker_join`), ``bench``
-(:mod:`omni_trio.bench`) and ``reclaim`` (:mod:`omni_trio.comm.ownership`)."""
+``serve`` (:mod:`omni_trio.serve`), ``worker`` (:mod:`omni_trio.runtime.remote.worker_join`), ``reclaim``
+(:mod:`omni_trio.comm.ownership`) and the deprecated ``bench`` (which starts ``python -m benchmarks``)."""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
+import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,24 +78,30 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``omni-trio bench [--quick] [--json PATH] [--only W1,...]``: run the benchmark suite (omni_trio.bench)."""
-    from omni_trio import bench
+    """``omni-trio bench ...`` (deprecated): runs ``python -m benchmarks ...`` in a checkout of the repository.
 
+    The benchmarks are not part of the installed package; this command only starts them, so that scripts
+    written for it keep working."""
+    warnings.warn("'omni-trio bench' is deprecated: run 'python -m benchmarks' from a checkout of the repository",
+                  DeprecationWarning, stacklevel=1)
+    print("warning: 'omni-trio bench' is deprecated; run 'python -m benchmarks' from a checkout of the repository",
+          file=sys.stderr)
+    if importlib.util.find_spec("benchmarks.run") is None:
+        print("error: the benchmarks live in a checkout of the omni-trio repository; run this from its root",
+              file=sys.stderr)
+        return EXIT_USAGE
     argv = ["--json", args.json]
     if args.quick:
         argv.append("--quick")
     if args.only:
         argv += ["--only", args.only]
-    try:
-        return bench.main(argv)
-    except SystemExit as exc:  # a usage error (2), already printed by argparse
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], check=False).returncode
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: a ``manual`` process group's worker."""
-    from omni_trio.runtime.join import KeyFile
-    from omni_trio.runtime.worker_join import run_joined
+    from omni_trio.runtime.remote.join import KeyFile
+    from omni_trio.runtime.remote.worker_join import run_joined
 
     add_app_dir(args.app_dir)
     if not args.join.startswith("tcp://"):
@@ -142,7 +151,7 @@ def add_parsers(commands: Any) -> None:
     worker.set_defaults(handler=cmd_worker)
 
 
-    bench = commands.add_parser("bench", help="run the benchmark suite (python -m omni_trio.bench)",
+    bench = commands.add_parser("bench", help="deprecated: run python -m benchmarks from a checkout",
                                 description="Run the benchmark suite: latency, throughput, tensor transfer, "
                                             "streaming, start-up and idle cost of worker-process pipelines.")
     bench.add_argument("--quick", action="store_true", help="small counts: the whole suite in well under a minute")

@@ -27,7 +27,7 @@ from omni_trio.cli.common import (
 from omni_trio.config import PipelineConfig
 from omni_trio.errors import ConfigError, OmniTrioError, Terminated
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.tracing import trace_files
+from omni_trio.tracing.trace import trace_files
 
 #: Tensors with at most this many elements are written out in full by ``--json``; larger ones as a summary.
 JSON_TENSOR_LIMIT = 1024

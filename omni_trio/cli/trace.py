@@ -1,4 +1,4 @@
-"""``omni-trio trace summary|export TRACE``: read a pipeline's trace (the views are :mod:`omni_trio.traceview`)."""
+"""``omni-trio trace summary|export TRACE``: read a pipeline's trace (the views are :mod:`omni_trio.tracing.views`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from omni_trio import traceview
 from omni_trio.cli.common import EXIT_OK, UsageError
-from omni_trio.tracing import read_trace, trace_files
+from omni_trio.tracing import views as traceview
+from omni_trio.tracing.trace import read_trace, trace_files
 
 
 def _read_trace_file(path: str) -> list[dict[str, Any]]:
@@ -43,7 +43,7 @@ def _ms(value: float | None) -> str:
 
 
 def print_summary(summary: traceview.TraceSummary, out: TextIO) -> None:
-    """Print a :class:`~omni_trio.traceview.TraceSummary` as the tables of ``trace summary``."""
+    """Print a :class:`~omni_trio.tracing.views.TraceSummary` as the tables of ``trace summary``."""
     print(f"{summary.events} events from {len(summary.processes)} process(es) "
           f"[{', '.join(summary.processes)}] over {summary.span_ms:.3f} ms", file=out)
     print("\ntransports (last choice per edge):", file=out)

@@ -39,7 +39,7 @@ import attrs
 import trio
 
 from omni_trio.comm.router import INLINE_LIMIT
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 if TYPE_CHECKING:
     import torch

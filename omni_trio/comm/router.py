@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from omni_trio.comm.dataref import TransportKind
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
 

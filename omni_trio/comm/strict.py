@@ -1,6 +1,6 @@
 """The strict converter for untrusted wire maps (a DataRef's), and the text of what it refused.
 
-Control messages are flat and checked by their classes' validators (:mod:`omni_trio.control.codec`);
+Control messages are flat and checked by their classes' validators (:mod:`omni_trio.control.wire.codec`);
 a DataRef's map nests (buffer, tensor entries), so :mod:`omni_trio.comm.dataref` structures it with
 the converter built here, whose hooks take only the exact types.
 """

@@ -1,7 +1,7 @@
 """Tensors to a process on another host: ZMQ frames over the run's CURVE TCP socket (issue #16).
 
 Shared memory needs one host. Between hosts (decided by the processes' ``host`` values, see
-:mod:`omni_trio.processes`), an object too big to go inline travels as a ``tcp`` DataRef: the
+:mod:`omni_trio.config.processes`), an object too big to go inline travels as a ``tcp`` DataRef: the
 tensor-free rest pickled as its header, and each tensor's bytes as a frame of the same message.
 
 - Sender: each frame is a memoryview of the tensor's own (contiguous, CPU) storage. pyzmq sends a

@@ -11,14 +11,14 @@ import math
 import re
 from collections.abc import Sequence
 
+from omni_trio.config.hooks import did_you_mean, hook_path_problems
 from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
 from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, RESTART_POLICIES, StageConfig
 from omni_trio.errors import ConfigProblem
-from omni_trio.hooks import did_you_mean, hook_path_problems
 
 # A worker's name names its socket and spec files: one plain path component.
 _PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.launch`).
+#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.workers.launch`).
 START_METHODS = ("template", "spawn")
 
 

@@ -9,13 +9,13 @@ import os
 import attrs
 
 from omni_trio.config import checks
+from omni_trio.config.hooks import factory_kwarg_problems, hook_path_problems, import_problem
+from omni_trio.config.processes import ProcessConfig, processes_problems
 from omni_trio.config.save import save_config
 from omni_trio.config.settings import EndpointsConfig, ServeConfig, StreamDeliveryConfig
 from omni_trio.config.stages import MAIN_PROCESS, StageConfig, name_list, optional_dotted
 from omni_trio.errors import ConfigError, ConfigProblem
-from omni_trio.hooks import factory_kwarg_problems, hook_path_problems, import_problem
-from omni_trio.processes import ProcessConfig, processes_problems
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 
@@ -28,7 +28,7 @@ class PipelineConfig:
     default: one preloaded template process per pipeline forks them, so N
     workers cost about one import of torch and the stage modules) or
     ``"spawn"`` (a fresh interpreter per worker; for stage modules that must
-    be imported in every process on their own). See :mod:`omni_trio.runtime.launch`.
+    be imported in every process on their own). See :mod:`omni_trio.runtime.workers.launch`.
     """
 
     stages: list[StageConfig] = attrs.field(converter=name_list)
@@ -42,7 +42,7 @@ class PipelineConfig:
     replica_policy: str | None = attrs.field(default=None, converter=optional_dotted)
     serve: ServeConfig | None = None
     start_method: str = "template"
-    #: Where process groups run (see :mod:`omni_trio.processes`); a group not listed is a local child.
+    #: Where process groups run (see :mod:`omni_trio.config.processes`); a group not listed is a local child.
     processes: dict[str, ProcessConfig] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:

@@ -39,7 +39,7 @@ class ProcessConfig:
 
     ``launcher``: ``"local"`` (a child process of the caller, today's behaviour), ``"manual"``
     (``open_pipeline`` waits for ``omni-trio worker --join ...`` started by hand or by an
-    orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.runtime.ray_launch`). ``host``: the
+    orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.runtime.remote.ray_launch`). ``host``: the
     address the process binds its control socket on and peers connect to (an IP address or a host
     name, no port); ``None``: the caller's host. ``resources`` and ``ray_address`` are for the ``ray`` launcher.
     """

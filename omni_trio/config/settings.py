@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from omni_trio.hooks import dotted_path
+from omni_trio.config.hooks import dotted_path
 
 #: The smallest ``max_message_bytes``: every inline message of the data plane (a pickled object of up
 #: to 16 KiB, a run of small stream chunks) must fit.
@@ -29,7 +29,7 @@ class EndpointsConfig:
 class StreamDeliveryConfig:
     """Limits on stream output buffered for callers that read slowly: once the events queued for streaming
     callers and not read yet weigh more than ``max_total_backlog_bytes``, the streams whose readers have
-    been idle longest fail with :class:`~omni_trio.RequestQueueFull` (:mod:`omni_trio.stream_backlog`)."""
+    been idle longest fail with :class:`~omni_trio.RequestQueueFull` (:mod:`omni_trio.coordinator.stream_backlog`)."""
 
     max_total_backlog_bytes: int = 1 << 30
 

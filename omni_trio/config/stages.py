@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from omni_trio.hooks import dotted_path
+from omni_trio.config.hooks import dotted_path
 
 #: ``StageConfig.restart`` values: a dead worker ends the pipeline, or is started again.
 RESTART_POLICIES = ("never", "on-failure")

@@ -1,6 +1,6 @@
 """Abort delivery to worker processes: ordered, lossless, confirmed, resent until confirmed.
 
-An abort travels to each worker process as an :class:`~omni_trio.control.messages.Abort` on the same
+An abort travels to each worker process as an :class:`~omni_trio.control.wire.messages.Abort` on the same
 point-to-point socket as every other control message for that process. That path never drops: a PUSH
 socket waits at its high-water mark instead (a process that is busy, even holding the GIL for
 seconds, finds its aborts queued when it runs again), and it is ordered behind the Submit the caller
@@ -9,7 +9,7 @@ sent the process before.
 Aborts wait in one lane per process; the lane's single task sends everything that queued up while it
 was sending as one message (a storm of 10,000 aborts becomes a few dozen messages, so the delivery
 keeps pace with the storm). Each message carries a token that the worker confirms with
-:class:`~omni_trio.control.messages.AbortDone` once every stage of the process dropped its requests.
+:class:`~omni_trio.control.wire.messages.AbortDone` once every stage of the process dropped its requests.
 A message not confirmed within :data:`RESEND_S` is sent again, the interval doubling up to
 :data:`RESEND_MAX_S`, until it is confirmed or the process is known gone (:meth:`AbortDelivery.forget`:
 it died, or it is being restarted). A lane with nothing queued and nothing unconfirmed sleeps on an
@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 import trio
 
-from omni_trio.control import messages as m
-from omni_trio.tracing import get_logger
+from omni_trio.control.wire import messages as m
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 

@@ -6,9 +6,9 @@ hold a request that is over: data that arrives after the stage's memory of retir
 branch whose result the request does not wait for (``terminal_stages_fn`` narrowed it), a message
 that reached a stage behind its request's abort from another sender. So a worker that received work
 reports, :data:`REPORT_INTERVAL_S` later, the requests its stages still hold
-(:class:`~omni_trio.control.messages.HeldReport`), and again every interval while they hold any.
+(:class:`~omni_trio.control.wire.messages.HeldReport`), and again every interval while they hold any.
 The coordinator aborts, as any abort, every id in a report that is neither live nor being aborted
-(:meth:`omni_trio.coordinator.Coordinator.retire_unknown`): it was resolved, nobody waits for it.
+(:meth:`omni_trio.coordinator.coordinator.Coordinator.retire_unknown`): it was resolved, nobody waits for it.
 A report lists only ids held when it was made, and the coordinator checks them when it arrives, so
 a request admitted since can never be taken for a stale one.
 

@@ -11,9 +11,9 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from omni_trio.control import messages as m
-from omni_trio.control.codec import MalformedMessage, decode
-from omni_trio.tracing import get_logger
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import MalformedMessage, decode
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 
@@ -25,8 +25,8 @@ Handler = Callable[[Any], Awaitable[None]]
 
 
 class MessageSource(Protocol):
-    """What a receive loop reads: a :class:`~omni_trio.control.zmq_trio.TrioSocket` (``tcp://``) or a
-    :class:`~omni_trio.control.unix_link.UnixPull` (this host)."""
+    """What a receive loop reads: a :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` (``tcp://``) or a
+    :class:`~omni_trio.control.sockets.unix_link.UnixPull` (this host)."""
 
     async def recv_multipart(self) -> list[bytes]:
         """One message; raises trio.ClosedResourceError once closed."""

@@ -31,7 +31,6 @@ import zmq
 from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.slotcache import SegmentCache
-from omni_trio.control import messages as m
 from omni_trio.control.audit import HeldReporter
 from omni_trio.control.dispatch import Dispatcher
 from omni_trio.control.hosted import HostedStage
@@ -39,10 +38,11 @@ from omni_trio.control.peers import Peers
 from omni_trio.control.receiving import COORDINATOR, Receiver, chunk_list
 from omni_trio.control.releases import ReleaseSender
 from omni_trio.control.sending import Sender
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.transfers import Transfers
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire import messages as m
 from omni_trio.errors import describe_error
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 __all__ = [
     "COORDINATOR",

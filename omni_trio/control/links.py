@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_trio.addresses import BindingTable, replica_name
 from omni_trio.comm.dataref import DataRefKind
-from omni_trio.control import messages as m
+from omni_trio.config.replicas import replica_name
+from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import COORDINATOR, Endpoint
+from omni_trio.control.wire import messages as m
 from omni_trio.payload import StagePayload, StreamItem
 
 

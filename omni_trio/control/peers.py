@@ -1,12 +1,12 @@
 """The sockets of one process: its inbox, a link to each peer process, and where each peer is reached.
 
 The inbox ``<process>.sock`` in the run's IPC directory (a
-:class:`~omni_trio.control.unix_link.UnixPull`) receives from this host; a ZMQ PULL socket on
+:class:`~omni_trio.control.sockets.unix_link.UnixPull`) receives from this host; a ZMQ PULL socket on
 ``tcp://`` (CURVE) receives from other hosts. A peer on this host is reached at its inbox (a
-:class:`~omni_trio.control.unix_link.UnixPush`), a peer on another host at its ``tcp://`` endpoint
-(a :class:`~omni_trio.control.zmq_trio.TrioSocket` PUSH), which comes from the config, a Join or a
+:class:`~omni_trio.control.sockets.unix_link.UnixPush`), a peer on another host at its ``tcp://`` endpoint
+(a :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` PUSH), which comes from the config, a Join or a
 PeerAddresses message. Links open on first use. Every socket is built with the process's
-:class:`~omni_trio.control.zmq_trio.SocketPolicy` (the run's proof on every message, the size cap),
+:class:`~omni_trio.control.sockets.zmq_trio.SocketPolicy` (the run's proof on every message, the size cap),
 and messages go only to the run's own processes: a name from a message never becomes a new socket
 path.
 """
@@ -19,11 +19,11 @@ from typing import Any
 import trio
 import zmq
 
-from omni_trio.control import messages as m
-from omni_trio.control.codec import encode
-from omni_trio.control.unix_link import UnixPull, UnixPush
-from omni_trio.control.zmq_sockets import bind_pull, connect_push
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.unix_link import UnixPull, UnixPush
+from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import encode
 
 
 def socket_path(ipc_dir: Path, process: str) -> Path:
@@ -58,7 +58,7 @@ class Peers:
         self._processes = processes
         self._policy = policy
         self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
-        #: Sockets other components opened on the context (omni_trio/runtime/join.py): closed with these.
+        #: Sockets other components opened on the context (omni_trio/runtime/remote/join.py): closed with these.
         self._adopted: list[TrioSocket] = []
         self._pull: TrioSocket | UnixPull | None = pull
         self._tcp = dict(tcp or {})
@@ -126,7 +126,7 @@ class Peers:
     @property
     def refused(self) -> int:
         """Messages this process refused: without the run's proof, or in a stream that broke the
-        link's wire format (:attr:`~omni_trio.control.unix_link.UnixPull.refused_streams`)."""
+        link's wire format (:attr:`~omni_trio.control.sockets.unix_link.UnixPull.refused_streams`)."""
         streams = self._pull.refused_streams if isinstance(self._pull, UnixPull) else 0
         return self._policy.auth.refused + streams
 
@@ -170,7 +170,7 @@ class Peers:
             if address is None:
                 if process in self._tcp_peers:
                     raise LookupError(f"no tcp:// address of process {process!r} came in the run's PeerAddresses")
-                # Same host: the Unix stream link (omni_trio/control/unix_link.py), not ZMQ.
+                # Same host: the Unix stream link (omni_trio/control/sockets/unix_link.py), not ZMQ.
                 sock = self._push[process] = UnixPush(socket_path(self._ipc_dir, process), self._policy)
                 return sock
             sock = self._push[process] = connect_push(self._ctx, address, self._policy)

@@ -14,17 +14,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from omni_trio.addresses import logical_name
 from omni_trio.comm.dataref import DataRef
 from omni_trio.comm.router import COORDINATOR
 from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, tensor_bytes
-from omni_trio.control import messages as m
+from omni_trio.config.replicas import logical_name
 from omni_trio.control.hosted import HostedStage
 from omni_trio.control.lanes import Lanes
 from omni_trio.control.releases import CreditHold, ReleaseSender
+from omni_trio.control.wire import messages as m
 from omni_trio.payload import StagePayload, StreamItem
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 
 def chunk_list(value: object, count: int) -> list[Any]:

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from omni_trio.comm.dataref import DataRef
-from omni_trio.control import messages as m
-from omni_trio.tracing import get_logger
+from omni_trio.control.wire import messages as m
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 
@@ -95,7 +95,7 @@ class ReleaseSender:
 
 
 class CreditHold:
-    """Sends the :class:`~omni_trio.control.messages.CreditReturn` of one object, once.
+    """Sends the :class:`~omni_trio.control.wire.messages.CreditReturn` of one object, once.
 
     :meth:`give_back` may run on any thread (a scheduler thread taking the chunk from its inbox):
     it only posts the message to the endpoint's loop. Build it on the trio loop.

@@ -25,9 +25,9 @@ from omni_trio.comm.shm import ShmPut, ShmRelay
 from omni_trio.comm.slotpool import DEFAULT_POOL_BYTES
 from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
-from omni_trio.control import messages as m
 from omni_trio.control.transfers import Transfers
-from omni_trio.tracing import Tracer
+from omni_trio.control.wire import messages as m
+from omni_trio.tracing.trace import Tracer
 
 
 def _elapsed_ms(start: float) -> float:
@@ -213,7 +213,7 @@ class Sender:
         """Send consecutive stream chunks ``first_id, ...`` in few messages, each ``make(data_ref, first, count)``.
 
         Small chunks travel together, up to
-        :data:`~omni_trio.control.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
+        :data:`~omni_trio.control.wire.messages.MAX_CHUNKS_PER_MESSAGE` in one inline
         message; a group too big to go inline is halved until it does, down to
         single chunks that go by their own transport (so a chunk that needs shared
         memory travels alone, as it would without its neighbours).

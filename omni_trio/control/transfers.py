@@ -2,7 +2,7 @@
 holds comes back with a CreditReturn.
 
 :class:`Transfers` keeps the table of puts waiting for their
-:class:`~omni_trio.control.messages.DataAck` and of credits that receivers hold until their
+:class:`~omni_trio.control.wire.messages.DataAck` and of credits that receivers hold until their
 scheduler takes the object. It never sends anything: the endpoint hands it the ACKs and credit
 returns that arrive, and it fails a request through the ``fail_request`` it was built with.
 """
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from omni_trio.control import messages as m
+from omni_trio.control.wire import messages as m
 
 #: How long a sender waits for the receiver's ACK of one shared-memory transfer.
 ACK_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ class PendingTransfer:
 @attrs.define(eq=False)
 class _HeldCredit:
     """A credit of ``relay`` for ``receiver`` that an ACK said the receiver holds until its scheduler
-    takes the object (a :class:`~omni_trio.control.messages.CreditReturn` gives it back)."""
+    takes the object (a :class:`~omni_trio.control.wire.messages.CreditReturn` gives it back)."""
 
     relay: Relay
     request_id: str

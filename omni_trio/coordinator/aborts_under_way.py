@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["AbortsUnderWay"]
 
@@ -23,7 +23,7 @@ class AbortsUnderWay:
     """The aborts under way, by request id.
 
     ``abort(request_id)`` starts telling every stage to drop the request (the
-    :class:`~omni_trio.coordinator.StageDirectory`'s ``abort``) and returns
+    :class:`~omni_trio.coordinator.coordinator.StageDirectory`'s ``abort``) and returns
     what to await until every stage did; the wait runs in ``nursery``.
     """
 

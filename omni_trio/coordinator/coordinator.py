@@ -19,8 +19,15 @@ from typing import Any, Protocol
 import outcome
 import trio
 
-from omni_trio.aborts_under_way import AbortsUnderWay
 from omni_trio.config import PipelineConfig
+from omni_trio.config.hooks import import_string
+from omni_trio.coordinator.aborts_under_way import AbortsUnderWay
+from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
+from omni_trio.coordinator.replicas import ReplicaDispatcher
+from omni_trio.coordinator.request_stream import RequestStream
+from omni_trio.coordinator.sessions import Session, session_targets
+from omni_trio.coordinator.stats import PipelineHealth, PipelineStats
+from omni_trio.coordinator.stream_backlog import StreamBacklog, event_bytes
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
     DuplicateRequestId,
@@ -34,17 +41,10 @@ from omni_trio.errors import (
     describe_error,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.hooks import import_string
-from omni_trio.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.payload import OmniRequest, StagePayload
-from omni_trio.pipeline_stats import PipelineHealth, PipelineStats
-from omni_trio.replicas import ReplicaDispatcher
-from omni_trio.request_stream import RequestStream
 from omni_trio.scheduling.session_operation import SessionOperation
-from omni_trio.sessions import Session, session_targets
 from omni_trio.stage.stats import StageStats
-from omni_trio.stream_backlog import StreamBacklog, event_bytes
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
 
@@ -278,7 +278,7 @@ class Coordinator:
         Use as ``async with pipeline.session("s1", stages=["asr"]) as s:`` with
         ``await s.append(chunk)`` and ``async for ev in s.events()``; the block
         opens the session and closes it on exit, whatever the reason (see
-        :class:`omni_trio.sessions.Session`).
+        :class:`omni_trio.coordinator.sessions.Session`).
         """
         return Session(self, session_id, stages)
 

@@ -34,7 +34,7 @@ class LiveRequest:
     received: Any = None  # its receive side
     session: SessionOperation | None = None
     entry_stages: tuple[str, ...] = ()  # where the Submit goes (several for a session's open/close/control)
-    # What its stream's queued events weigh (omni_trio/stream_backlog.py): each event's bytes in queue order,
+    # What its stream's queued events weigh (coordinator/stream_backlog.py): each event's bytes in queue order,
     # their sum, and when its reader last took one (a count of takes, not a time).
     backlog_sizes: collections.deque[int] = attrs.field(factory=collections.deque)
     backlog_bytes: int = 0

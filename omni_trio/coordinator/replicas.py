@@ -21,9 +21,10 @@ from typing import Protocol
 
 import attrs
 
-from omni_trio.addresses import COORDINATOR_HOLDER, BindingTable, replica_groups, replica_name, split_replica
 from omni_trio.config import PipelineConfig
-from omni_trio.hooks import import_string
+from omni_trio.config.hooks import import_string
+from omni_trio.config.replicas import replica_groups, replica_name, split_replica
+from omni_trio.control.bindings import COORDINATOR_HOLDER, BindingTable
 from omni_trio.payload import OmniRequest
 
 

@@ -1,6 +1,6 @@
 """The events of one streaming request, as its caller reads them (:class:`RequestStream`).
 
-The coordinator (:meth:`omni_trio.coordinator.Coordinator.stream`) hands a
+The coordinator (:meth:`omni_trio.coordinator.coordinator.Coordinator.stream`) hands a
 stream what it needs of it: how to admit and send the request, how to abort
 it, and how to wait for an abort's broadcast.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
+from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.errors import RequestAborted, RequestError
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.live_request import END_OF_STREAM, LiveRequest
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["EVENTS_PER_YIELD", "RequestStream"]
 
@@ -34,7 +34,7 @@ class RequestStream:
     everywhere (the event fires once that is done), ``settled`` waits for a
     failed request's abort broadcast. ``taken(live)`` is told of every event
     the reader takes and ``dropped(live)`` when what is still queued will not
-    be read (:class:`~omni_trio.stream_backlog.StreamBacklog`).
+    be read (:class:`~omni_trio.coordinator.stream_backlog.StreamBacklog`).
     """
 
     def __init__(

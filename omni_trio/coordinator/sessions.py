@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import trio
 
+from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.errors import SessionClosed
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import SESSION_METADATA_KEY
-from omni_trio.request_stream import RequestStream
 from omni_trio.scheduling.session_operation import SessionOperation
 
 #: How long closing a session may take; bounded because it runs shielded from cancellation.

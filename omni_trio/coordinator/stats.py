@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from omni_trio.addresses import logical_name
 from omni_trio.comm.router import COORDINATOR
+from omni_trio.config.replicas import logical_name
 from omni_trio.stage.stats import StageStats
 
 __all__ = ["PipelineHealth", "PipelineStats"]
@@ -53,7 +53,7 @@ class PipelineStats:
     #: the pipeline opened (the stages' own sends are their :attr:`StageStats.sent_bytes`).
     sent_bytes: dict[str, dict[str, int]] = attrs.field(factory=dict, hash=False)
     #: Bytes of the stream events queued for streaming callers and not read yet, all requests together
-    #: (what ``stream_delivery.max_total_backlog_bytes`` caps; see :mod:`omni_trio.stream_backlog`).
+    #: (what ``stream_delivery.max_total_backlog_bytes`` caps; see :mod:`omni_trio.coordinator.stream_backlog`).
     stream_backlog_bytes: int = 0
 
     @property

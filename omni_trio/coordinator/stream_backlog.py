@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_trio.live_request import LiveRequest
+from omni_trio.coordinator.live_request import LiveRequest
 from omni_trio.payload import StagePayload
 
 __all__ = ["StreamBacklog", "event_bytes"]

@@ -1,6 +1,7 @@
 """What one process of a pipeline builds of it: its stages, their links, its endpoint.
 
-The caller's process (:mod:`omni_trio.runtime.pipeline`) and every worker process (:mod:`omni_trio.runtime.worker`)
+The caller's process (:mod:`omni_trio.runtime.pipeline`) and every worker process
+(:mod:`omni_trio.runtime.workers.worker`)
 assemble their part of the pipeline with these, so both build it the same way.
 """
 
@@ -14,20 +15,21 @@ from typing import Any
 
 import zmq
 
-from omni_trio.addresses import BindingTable, addressed_placement, addresses_of
 from omni_trio.comm.router import TransportLogs
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig
-from omni_trio.control.auth import FrameMac
-from omni_trio.control.curve import Curve, CurveKeys
+from omni_trio.config.hooks import import_string
+from omni_trio.config.processes import host_of, joins
+from omni_trio.config.replicas import addressed_placement, addresses_of
+from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire.auth import FrameMac
+from omni_trio.control.wire.curve import Curve, CurveKeys
 from omni_trio.errors import StageStartupError, describe_error
-from omni_trio.hooks import import_string
-from omni_trio.processes import host_of, joins
 from omni_trio.stage.links import CoordinatorLink, LocalStageLink, ReplicaLink, StageLink
 from omni_trio.stage.stage import Stage
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 
 def build_scheduler(config: StageConfig, model_path: str | None, replica: int | None = None) -> Any:
@@ -137,10 +139,10 @@ def endpoint_for(
 ) -> Endpoint:
     """The endpoint of ``process`` in a multi-process run of ``config`` (stages by address: each replica's own).
 
-    ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.auth`);
-    ``curve`` its CURVE keys when some process is on another host (:mod:`omni_trio.control.curve`),
+    ``secret`` is the run's (every message carries its proof, see :mod:`omni_trio.control.wire.auth`);
+    ``curve`` its CURVE keys when some process is on another host (:mod:`omni_trio.control.wire.curve`),
     ``tcp`` the peers known to be there; a worker that joined over TCP passes its ``context`` and
-    bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.runtime.worker_join`).
+    bound ``pull`` socket and the ``policy`` it was built with (:mod:`omni_trio.runtime.remote.worker_join`).
     """
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     placement = addressed_placement(config)

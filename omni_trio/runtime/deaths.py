@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from omni_trio.errors import StageProcessDied
 
 if TYPE_CHECKING:
-    from omni_trio.coordinator import Coordinator
-    from omni_trio.replicas import ReplicaDispatcher
+    from omni_trio.coordinator.coordinator import Coordinator
+    from omni_trio.coordinator.replicas import ReplicaDispatcher
     from omni_trio.runtime.directory import ProcessDirectory
-    from omni_trio.runtime.supervisor import Worker
+    from omni_trio.runtime.workers.supervisor import Worker
 
 
 class WorkerDeaths:

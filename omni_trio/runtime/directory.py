@@ -19,21 +19,22 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from omni_trio.addresses import BindingTable, logical_name, replica_name
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
-from omni_trio.control import messages as m
+from omni_trio.config.replicas import logical_name, replica_name
 from omni_trio.control.aborts import AbortDelivery, Awaited, Delivery
+from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
+from omni_trio.control.wire import messages as m
 from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
 from omni_trio.stage.stats import StageStats
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 if TYPE_CHECKING:
-    from omni_trio.coordinator import Coordinator
-    from omni_trio.runtime.supervisor import Supervisor
+    from omni_trio.coordinator.coordinator import Coordinator
+    from omni_trio.runtime.workers.supervisor import Supervisor
     from omni_trio.stage.stage import Stage
 
 log = get_logger(__name__)

@@ -3,7 +3,7 @@
 Stages with ``process=None`` run inside the caller's process on the
 caller's trio loop ("embedded" placement): no child process, no socket.
 Stages that name a process run in worker processes (see
-:mod:`omni_trio.runtime.supervisor` and :mod:`omni_trio.runtime.worker`); the caller's
+:mod:`omni_trio.runtime.workers.supervisor` and :mod:`omni_trio.runtime.workers.worker`); the caller's
 process then talks to them through its :class:`~omni_trio.control.endpoint.Endpoint`.
 """
 
@@ -19,28 +19,29 @@ from pathlib import Path
 
 import trio
 
-from omni_trio.addresses import BindingTable, worker_processes
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.segments import remove_segments
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, check_imports
-from omni_trio.control.auth import new_secret
-from omni_trio.control.curve import new_curve_keys
-from omni_trio.coordinator import Coordinator
+from omni_trio.config.processes import host_of
+from omni_trio.config.replicas import worker_processes
+from omni_trio.control.bindings import BindingTable
+from omni_trio.control.wire.auth import new_secret
+from omni_trio.control.wire.curve import new_curve_keys
+from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.errors import StageProcessDied, Terminated
 from omni_trio.payload import StagePayload
-from omni_trio.processes import host_of
-from omni_trio.replicas import ReplicaDispatcher
 from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
 from omni_trio.runtime.deaths import WorkerDeaths
 from omni_trio.runtime.directory import ProcessDirectory, serve_coordinator
 from omni_trio.runtime.sigterm import cancel_on_sigterm
-from omni_trio.runtime.supervisor import Supervisor, Worker
+from omni_trio.runtime.workers.supervisor import Supervisor, Worker
 from omni_trio.stage.links import LocalCoordinatorLink
 from omni_trio.stage.stage import Stage
 from omni_trio.stage.stats import StageStats
-from omni_trio.tracing import Tracer, get_logger, trace_path_from_env
+from omni_trio.tracing.trace import Tracer, get_logger, trace_path_from_env
 
 log = get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 Kept in one place so the schedulers do not each grow their own slightly
 different copy: the stop sentinel, a thread-safe bounded id set (built on
-:class:`omni_trio.idset.BoundedIdSet`, which evicts oldest first), the
+:class:`omni_trio.scheduling.idset.BoundedIdSet`, which evicts oldest first), the
 per-thread event loop that runs ``async`` compute functions, and a guard for
 user callbacks whose errors must only be logged.
 """
@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
-from omni_trio.idset import DEFAULT_CAPACITY, BoundedIdSet
 from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.idset import DEFAULT_CAPACITY, BoundedIdSet
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 
 logger = logging.getLogger("omni_trio.scheduling")

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from omni_trio.idset import BoundedIdSet
+from omni_trio.scheduling.idset import BoundedIdSet
 from omni_trio.scheduling.protocol import OutgoingMessage
 
 

@@ -19,7 +19,7 @@ from omni_trio.serve.schemas import ChatAudio, ChatMessage, ChatRequest, SpeechR
 
 if TYPE_CHECKING:
     from omni_trio.config import PipelineConfig, ServeConfig
-    from omni_trio.coordinator import Coordinator
+    from omni_trio.coordinator.coordinator import Coordinator
 
 
 async def serve(

@@ -19,7 +19,8 @@ import outcome
 import trio
 from starlette.requests import Request
 
-from omni_trio.coordinator import Coordinator
+from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.errors import (
     OmniTrioError,
     PipelineClosed,
@@ -30,7 +31,6 @@ from omni_trio.errors import (
     StageProcessDied,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.request_stream import RequestStream
 from omni_trio.serve.adapter import Completion, Delta, PipelineInput, ServeAdapter
 from omni_trio.serve.metrics import Metrics
 from omni_trio.serve.schemas import HTTPError

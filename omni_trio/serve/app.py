@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from omni_trio.config import ServeConfig
-from omni_trio.coordinator import Coordinator
+from omni_trio.coordinator.coordinator import Coordinator
 from omni_trio.errors import OmniTrioError, describe_error
 from omni_trio.serve.adapter import Completion, PipelineInput, ServeAdapter
 from omni_trio.serve.answers import (
@@ -43,7 +43,7 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 

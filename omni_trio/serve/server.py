@@ -10,9 +10,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from omni_trio.config import PipelineConfig, ServeConfig
-from omni_trio.coordinator import Coordinator
+from omni_trio.config.hooks import import_string
+from omni_trio.coordinator.coordinator import Coordinator
 from omni_trio.errors import ConfigError, ConfigProblem
-from omni_trio.hooks import import_string
 from omni_trio.serve.adapter import ServeAdapter
 from omni_trio.serve.address import ServerAddress
 from omni_trio.serve.app import OpenAIApp

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from omni_trio.addresses import logical_name
 from omni_trio.comm.router import COORDINATOR
-from omni_trio.pipeline_stats import PipelineStats
+from omni_trio.config.replicas import logical_name
+from omni_trio.coordinator.stats import PipelineStats
 
 BUSY_NAME = "omni_trio_stage_busy_seconds"
 EDGE_NAME = "omni_trio_edge_bytes"

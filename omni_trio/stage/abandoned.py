@@ -19,7 +19,7 @@ from collections.abc import Callable, Container
 
 import trio
 
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 

@@ -14,9 +14,9 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from omni_trio.addresses import BindingTable
 from omni_trio.comm.router import COORDINATOR, TransportLog
 from omni_trio.comm.transfer import tensor_bytes
+from omni_trio.control.bindings import BindingTable
 from omni_trio.payload import StagePayload, StreamItem
 
 

@@ -30,7 +30,7 @@ from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.routing import CompiledRouting, is_isolated_projection
 from omni_trio.stage.scopes import RequestScopes
 from omni_trio.stage.sessions import check_append_route, session_operation
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 #: A result-owning scheduler's ``claim_result(result, terminal=...)``: False when the result is not to be routed.
 Claim = Callable[..., bool]

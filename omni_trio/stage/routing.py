@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from omni_trio.config import StageConfig
-from omni_trio.hooks import import_string
+from omni_trio.config.hooks import import_string
 from omni_trio.payload import StagePayload
 
 

@@ -19,15 +19,16 @@ from typing import Any
 
 import trio
 
-from omni_trio.addresses import BindingTable, replica_name
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig
+from omni_trio.config.hooks import import_string
+from omni_trio.config.replicas import replica_name
+from omni_trio.control.bindings import BindingTable
 from omni_trio.errors import StageStartupError, describe_error
-from omni_trio.hooks import import_string
-from omni_trio.idset import BoundedIdSet
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling.busy import BusyTime
+from omni_trio.scheduling.idset import BoundedIdSet
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
@@ -43,7 +44,7 @@ from omni_trio.stage.routing import CompiledRouting, compile_routing
 from omni_trio.stage.scopes import RequestScopes
 from omni_trio.stage.sessions import check_append_route, session_operation
 from omni_trio.stage.stats import StageStats
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
 

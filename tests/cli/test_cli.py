@@ -17,7 +17,8 @@ import pytest
 
 import omni_trio as ot
 from examples import ch4_fanin, ch4_stream
-from omni_trio import cli, traceview
+from omni_trio import cli
+from omni_trio.tracing import views as traceview
 
 ROOT = Path(__file__).resolve().parents[2]
 Q = "examples.quickstart_stages"
@@ -113,10 +114,14 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str], argv: list[str]) ->
     assert out.startswith("usage: omni-trio")
 
 
-def test_bench_rejects_unknown_workloads(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "bench", "--only", "W99")
-    assert code == 2 and out == ""
-    assert "W99" in err
+def test_bench_is_deprecated_and_starts_the_benchmarks(capfd: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    with pytest.warns(DeprecationWarning, match="python -m benchmarks"):
+        code = cli.main(["bench", "--only", "W99"])
+    captured = capfd.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "deprecated" in captured.err and "W99" in captured.err
 
 
 # --------------------------------------------------------------------------- run
@@ -432,7 +437,7 @@ def test_run_shows_progress_on_a_terminal(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_worker_refuses_a_bad_join_address_or_key_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from omni_trio.runtime.join import KeyFile
+    from omni_trio.runtime.remote.join import KeyFile
 
     code, _, err = run_cli(capsys, "worker", "--join", "10.0.0.1:5", "--key", "k")
     assert code == 2 and "--join takes the caller's tcp://HOST:PORT, got '10.0.0.1:5'" in err

@@ -17,8 +17,8 @@ from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.packing import pack_tensors, unpack_tensors, write_packed
 from omni_trio.comm.shm import ShmRelay
 from omni_trio.comm.tensor_walk import extract_tensors, restore
-from omni_trio.control.codec import MalformedMessage, decode, encode
-from omni_trio.control.messages import DataReady
+from omni_trio.control.wire.codec import MalformedMessage, decode, encode
+from omni_trio.control.wire.messages import DataReady
 from tests.comm.helpers import copy_out
 
 

@@ -21,8 +21,8 @@ from omni_trio.comm.shm import ShmPut, ShmRelay
 from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.slotpool import MIN_SLOT_BYTES, slot_size
 from omni_trio.comm.transfer import decode_object, encode_object
-from omni_trio.control import messages as m
-from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import MalformedMessage, decode, encode
 from tests.process import helpers
 from tests.process.conftest import ipc_base
 

@@ -14,8 +14,8 @@ from omni_trio.comm.layout import TensorEntry
 from omni_trio.comm.shm import ShmRelay
 from omni_trio.comm.tcp import TcpCredits
 from omni_trio.comm.transfer import decode_object, encode_object
-from omni_trio.control import messages as m
-from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import MalformedMessage, decode, encode
 from omni_trio.payload import OmniRequest, StagePayload
 
 

@@ -28,7 +28,7 @@ from omni_trio.comm.segments import SHM_DIR, is_pooled_slot
 from omni_trio.comm.shm import ShmRelay
 from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, encode_object
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 from tests.process import helpers
 from tests.process.conftest import ipc_base
 

@@ -14,8 +14,8 @@ import trio
 import trio.testing
 
 from omni_trio.control import aborts
-from omni_trio.control import messages as m
 from omni_trio.control.aborts import AbortDelivery
+from omni_trio.control.wire import messages as m
 
 
 class Wire:

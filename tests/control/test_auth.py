@@ -1,4 +1,4 @@
-"""The run's proof (omni_trio/control/auth.py): what it covers, what it refuses, what it reports."""
+"""The run's proof (omni_trio/control/wire/auth.py): what it covers, what it refuses, what it reports."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from omni_trio.control.auth import MAC_BYTES, FrameMac, new_secret
-from omni_trio.tracing import Tracer, read_trace
+from omni_trio.control.wire.auth import MAC_BYTES, FrameMac, new_secret
+from omni_trio.tracing.trace import Tracer, read_trace
 
 
 def test_a_sealed_message_opens_whatever_buffer_type_it_was_sent_as() -> None:
@@ -102,7 +102,7 @@ def test_off_curve_every_frame_is_hashed_memoryviews_included() -> None:
 
 def test_forged_messages_of_many_shapes_do_not_grow_the_header_cache() -> None:
     # A message's frame count is the peer's choice and is read before its proof is checked.
-    from omni_trio.control.auth import _header
+    from omni_trio.control.wire.auth import _header
 
     mac = FrameMac(new_secret())
     for frames in range(2, 300):

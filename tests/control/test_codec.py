@@ -12,8 +12,8 @@ import attrs
 import msgpack
 import pytest
 
-from omni_trio.control.codec import OOB_THRESHOLD, MalformedMessage, decode, encode
-from omni_trio.control.messages import (
+from omni_trio.control.wire.codec import OOB_THRESHOLD, MalformedMessage, decode, encode
+from omni_trio.control.wire.messages import (
     MESSAGE_TYPES,
     Complete,
     ControlMessage,

@@ -1,4 +1,4 @@
-"""CURVE on the run's TCP sockets (omni_trio/control/curve.py): only peers with the run's key get in.
+"""CURVE on the run's TCP sockets (omni_trio/control/wire/curve.py): only peers with the run's key get in.
 
 Real libzmq handshakes over loopback TCP. A refused peer's frames must never reach our code: the
 run's FrameMac (which counts every message without a valid proof it sees) stays at zero refusals,
@@ -15,10 +15,10 @@ import trio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from omni_trio.control.auth import MAC_BYTES, FrameMac, new_secret
-from omni_trio.control.curve import Curve, CurveKeys, new_curve_keys
-from omni_trio.control.zmq_sockets import bind_pull, connect_push
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire.auth import MAC_BYTES, FrameMac, new_secret
+from omni_trio.control.wire.curve import Curve, CurveKeys, new_curve_keys
 
 _FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 

@@ -1,4 +1,5 @@
-"""Join incarnations (omni_trio/runtime/join.py): nothing a superseded incarnation sends reaches the caller's state.
+"""Join incarnations (omni_trio/runtime/remote/join.py): nothing a superseded incarnation sends reaches the
+caller's state.
 
 The caller's real endpoint and ManualWorkers over loopback TCP with CURVE; the test plays the joining
 worker with sockets of the run's keys (what ``omni-trio worker --join`` does first).
@@ -16,15 +17,15 @@ import pytest
 import trio
 import zmq
 
-from omni_trio.control import messages as m
-from omni_trio.control.auth import FrameMac, new_secret
-from omni_trio.control.codec import decode, encode
-from omni_trio.control.curve import Curve, new_curve_keys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_sockets import bind_pull, connect_push
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.runtime.join import ManualWorkers
-from omni_trio.tracing import Tracer
+from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_push
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.auth import FrameMac, new_secret
+from omni_trio.control.wire.codec import decode, encode
+from omni_trio.control.wire.curve import Curve, new_curve_keys
+from omni_trio.runtime.remote.join import ManualWorkers
+from omni_trio.tracing.trace import Tracer
 
 
 @pytest.fixture

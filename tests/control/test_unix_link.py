@@ -16,13 +16,13 @@ import pytest
 import trio
 import trio.testing
 
-from omni_trio.control import messages as m
-from omni_trio.control.auth import FrameMac, new_secret
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.unix_link import MAX_FRAMES, UnixPull, UnixPush, _OffLoopConnect, message_head
-from omni_trio.control.zmq_trio import SocketPolicy
+from omni_trio.control.sockets.unix_link import MAX_FRAMES, UnixPull, UnixPush, _OffLoopConnect, message_head
+from omni_trio.control.sockets.zmq_trio import SocketPolicy
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.auth import FrameMac, new_secret
 from omni_trio.errors import MessageTooLarge
-from omni_trio.tracing import Tracer
+from omni_trio.tracing.trace import Tracer
 
 #: The sockets of a run, as the runtime builds them: every message sealed and checked.
 POLICY = SocketPolicy(FrameMac(new_secret()), 1 << 20)

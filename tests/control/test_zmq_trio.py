@@ -13,9 +13,9 @@ import trio
 import trio.testing
 import zmq
 
-from omni_trio.control.auth import FrameMac, new_secret
-from omni_trio.control.zmq_sockets import EndpointPathTooLong, bind_pull, connect_push, ipc_endpoint
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.zmq_sockets import EndpointPathTooLong, bind_pull, connect_push, ipc_endpoint
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire.auth import FrameMac, new_secret
 
 #: The sockets of a run, as the runtime builds them: every message sealed and checked.
 POLICY = SocketPolicy(FrameMac(new_secret()), 1 << 20)

@@ -8,7 +8,7 @@ import pytest
 
 import omni_trio as ot
 from omni_trio.config.load import config_from_dict
-from omni_trio.processes import host_of
+from omni_trio.config.processes import host_of
 from tests.placement import stage
 
 
@@ -140,7 +140,7 @@ def test_processes_in_a_config_file(tmp_path: Path) -> None:
 
 def test_an_edge_between_workers_across_hosts_is_accepted_and_its_local_end_listens_on_tcp() -> None:
     from omni_trio.config import process_edges
-    from omni_trio.processes import joins, tcp_listeners
+    from omni_trio.config.processes import joins, tcp_listeners
 
     stages = [
         stage("a", "create_append", next="b"),

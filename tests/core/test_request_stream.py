@@ -6,12 +6,12 @@ import math
 
 import trio
 
+from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
+from omni_trio.coordinator.request_stream import EVENTS_PER_YIELD, RequestStream
+from omni_trio.coordinator.stream_backlog import StreamBacklog
 from omni_trio.errors import RequestError
 from omni_trio.events import StreamMessage
-from omni_trio.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.payload import OmniRequest
-from omni_trio.request_stream import EVENTS_PER_YIELD, RequestStream
-from omni_trio.stream_backlog import StreamBacklog
 
 
 def queued_stream(chunks: int, aborts: list[RequestError], *, ended: bool) -> RequestStream:

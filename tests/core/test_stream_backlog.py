@@ -2,7 +2,7 @@
 
 Once the events waiting for their readers weigh more than ``max_total_backlog_bytes``, whole streams
 fail with ``RequestQueueFull``, those whose readers have been idle longest first, until the rest fits.
-The accounting itself (:class:`~omni_trio.stream_backlog.StreamBacklog`) is checked in memory; the
+The accounting itself (:class:`~omni_trio.coordinator.stream_backlog.StreamBacklog`) is checked in memory; the
 pipeline tests run real stages in the caller's process.
 """
 
@@ -15,9 +15,9 @@ import torch
 import trio
 
 import omni_trio as ot
-from omni_trio.live_request import LiveRequest
+from omni_trio.coordinator.live_request import LiveRequest
+from omni_trio.coordinator.stream_backlog import StreamBacklog, event_bytes
 from omni_trio.payload import OmniRequest, StagePayload
-from omni_trio.stream_backlog import StreamBacklog, event_bytes
 from tests.placement import stage
 
 KB = 1024

@@ -51,7 +51,7 @@ async def test_lifecycle_events_are_traced(placement: str, tmp_path: Path) -> No
 
 _LOG_LINES = """
 import sys
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 log = get_logger("writer")
 sys.stdin.read(1)  # both writers start writing together
 for i in range(2000):

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.control.auth import FrameMac
-from omni_trio.control.unix_link import message_head
+from omni_trio.control.sockets.unix_link import message_head
+from omni_trio.control.wire.auth import FrameMac
 from omni_trio.runtime import pipeline
 
 #: Where POSIX shared-memory segments live, and the prefix of every omni-trio segment.
@@ -80,16 +80,16 @@ def descendants(of: int | None = None) -> dict[int, tuple[str, str]]:
 
 
 def workers_of(parent: int) -> set[int]:
-    """Worker processes (``python -m omni_trio.runtime.worker``) descended from ``parent``.
+    """Worker processes (``python -m omni_trio.runtime.workers.worker``) descended from ``parent``.
 
     Descendants, not children: workers forked by the pipeline's template are the template's children.
     """
-    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.worker" in cmd}
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.workers.worker" in cmd}
 
 
 def templates_of(parent: int) -> set[int]:
-    """Template processes (``python -m omni_trio.runtime.template_main``) descended from ``parent``."""
-    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.template_main" in cmd}
+    """Template processes (``python -m omni_trio.runtime.workers.template_main``) descended from ``parent``."""
+    return {pid for pid, (_, cmd) in descendants(parent).items() if "omni_trio.runtime.workers.template_main" in cmd}
 
 
 def rss(pid: int) -> int:
@@ -111,14 +111,14 @@ def running(pid: int) -> bool:
 
 
 def worker_processes() -> dict[int, str]:
-    """Worker processes (``omni_trio.runtime.worker``) descended from this process that still exist."""
-    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.worker" in cmd}
+    """Worker processes (``omni_trio.runtime.workers.worker``) descended from this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.workers.worker" in cmd}
 
 
 def template_processes() -> dict[int, str]:
-    """Template processes (``omni_trio.runtime.template_main``, see omni_trio.runtime.launch) of this process
-    that still exist."""
-    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.template_main" in cmd}
+    """Template processes (``omni_trio.runtime.workers.template_main``, see omni_trio.runtime.workers.launch)
+    of this process that still exist."""
+    return {pid: cmd for pid, (_, cmd) in descendants().items() if "omni_trio.runtime.workers.template_main" in cmd}
 
 
 def zombie_children() -> list[int]:

@@ -17,7 +17,7 @@ from omni_trio import SimpleScheduler, StagePayload
 
 def _in_template() -> bool:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and spec.name == "omni_trio.runtime.template_main"
+    return spec is not None and spec.name == "omni_trio.runtime.workers.template_main"
 
 
 if _in_template():

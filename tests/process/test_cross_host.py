@@ -26,8 +26,8 @@ import trio
 
 from examples import ch6_pipeline
 from examples.ch4_fanin import run_experiment
-from omni_trio.netns import Namespaces, run_ip, unavailable, veth_namespaces
-from omni_trio.tracing import read_trace
+from omni_trio.tracing.trace import read_trace
+from tests.netns import Namespaces, run_ip, unavailable, veth_namespaces
 from tests.process.helpers import shm_segments
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.runtime.join import KeyFile
+from omni_trio.runtime.remote.join import KeyFile
 from tests.placement import stage
 from tests.process import helpers
 

@@ -22,10 +22,10 @@ import trio.testing
 import omni_trio as ot
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind
 from omni_trio.control import dispatch as dispatch_module
-from omni_trio.control import messages as m
-from omni_trio.control.codec import encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import encode
 from omni_trio.runtime import directory as directory_module
-from omni_trio.runtime import supervisor as supervisor_module
+from omni_trio.runtime.workers import supervisor as supervisor_module
 from tests.placement import stage
 from tests.process import helpers
 

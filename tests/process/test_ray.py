@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 import omni_trio as ot
-from omni_trio.tracing import read_trace
+from omni_trio.tracing.trace import read_trace
 
 ray = pytest.importorskip("ray", reason="the ray launcher's tests need Ray: pip install 'omni-trio[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -16,10 +16,10 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio import traceview
-from omni_trio.addresses import BindingTable
 from omni_trio.config import check_imports
-from omni_trio.replicas import LeastInFlight, ReplicaLoad
+from omni_trio.control.bindings import BindingTable
+from omni_trio.coordinator.replicas import LeastInFlight, ReplicaLoad
+from omni_trio.tracing import views as traceview
 from tests.placement import place, stage
 from tests.process import helpers
 
@@ -207,7 +207,7 @@ def test_per_replica_factory_kwargs_their_check_and_a_config_file(tmp_path: Path
                 terminal=True, replicas=2, replica_factory=[{}, {"tag": "special"}])
     assert voc.factory_kwargs(0) == {"tag": "t0", "n": [1, "x0"]}
     assert voc.factory_kwargs(1) == {"tag": "special", "n": [1, "x1"]}
-    config = ot.PipelineConfig(stages=[voc], replica_policy="omni_trio.replicas.LeastInFlight")
+    config = ot.PipelineConfig(stages=[voc], replica_policy="omni_trio.coordinator.replicas.LeastInFlight")
     config.to_file(tmp_path / "replicas.toml")
     assert ot.load_config(tmp_path / "replicas.toml") == config
     bad = ot.PipelineConfig(stages=[stage("v", "create_append", factory={"tag": "t"}, process="p", terminal=True,

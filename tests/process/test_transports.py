@@ -237,8 +237,8 @@ async def test_shm_chunk_is_delivered_before_the_done_signal_that_follows_it(ipc
     from omni_trio.comm.segments import remove_segments
     from omni_trio.comm.shm import ShmRelay
     from omni_trio.comm.transfer import encode_object
-    from omni_trio.control import messages as m
-    from omni_trio.control.codec import encode
+    from omni_trio.control.wire import messages as m
+    from omni_trio.control.wire.codec import encode
 
     config = helpers.config(
         ipc_base,

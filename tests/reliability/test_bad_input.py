@@ -20,8 +20,8 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.control import messages as m
-from omni_trio.control.codec import MalformedMessage, decode, encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import MalformedMessage, decode, encode
 from tests.placement import stage
 from tests.process import helpers
 

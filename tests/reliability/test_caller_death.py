@@ -24,7 +24,7 @@ import trio.testing
 import omni_trio as ot
 from omni_trio.comm.ownership import OWNER_FILE, Owner, boot_id, new_run_prefix
 from omni_trio.comm.segments import SHM_DIR
-from omni_trio.runtime.supervisor import GRACEFUL_STOP_S
+from omni_trio.runtime.workers.supervisor import GRACEFUL_STOP_S
 from tests.process import helpers
 
 REPO = Path(__file__).resolve().parents[2]

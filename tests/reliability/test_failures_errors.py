@@ -16,7 +16,7 @@ from omni_trio.comm.dtypes import UnsupportedDtype, UnsupportedTensor
 from omni_trio.comm.layout import LayoutError
 from omni_trio.comm.segments import SegmentNotFound, ShmError
 from omni_trio.comm.shm import TransferTooLarge
-from omni_trio.control.zmq_sockets import EndpointPathTooLong
+from omni_trio.control.sockets.zmq_sockets import EndpointPathTooLong
 from tests.placement import stage
 from tests.process import helpers
 

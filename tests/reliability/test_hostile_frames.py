@@ -29,9 +29,9 @@ import trio
 
 import omni_trio as ot
 from omni_trio.comm.dataref import DataRef, DataRefKind, Layout, TransportKind
-from omni_trio.control import messages as m
-from omni_trio.control.auth import FrameMac
-from omni_trio.control.codec import encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.auth import FrameMac
+from omni_trio.control.wire.codec import encode
 from omni_trio.payload import OmniRequest, StagePayload
 from tests.placement import stage
 from tests.process import helpers

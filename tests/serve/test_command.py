@@ -55,7 +55,7 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _workers(pid: int) -> set[int]:
-    return {p for p in _descendants(pid) if "omni_trio.runtime.worker" in _cmdline(p)}
+    return {p for p in _descendants(pid) if "omni_trio.runtime.workers.worker" in _cmdline(p)}
 
 
 def _cmdline(pid: int) -> str:

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import omni_trio as ot
-from omni_trio.control import messages as m
-from omni_trio.control.codec import decode, encode
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import decode, encode
 from omni_trio.serve.totals import RuntimeTotals
 from omni_trio.testing import busy_counters
 

@@ -1,4 +1,4 @@
-"""Shim for ``sglang`` (omni-trio's own code, used only by ``omni_trio.bench_sglang``'s children).
+"""Shim for ``sglang`` (omni-trio's own code, used only by ``benchmarks.sglang``'s children).
 
 The real ``sglang/__init__.py`` imports its whole serving stack (triton, transformers, ...), which
 does not install on a CPU-only machine. SGLang-Omni's pipeline core only needs a few light

@@ -8,8 +8,8 @@ a three-process ring on 2 cores: ~500 µs and ~250 µs of CPU per process per ro
 the receiver's trio loop: one wake-up. ZMQ stays for ``tcp://`` (CURVE, heartbeats, the joins of
 workers on other hosts).
 
-It offers what :class:`~omni_trio.control.zmq_trio.TrioSocket` offers the endpoint, with the same
-policy (:class:`~omni_trio.control.zmq_trio.SocketPolicy`: every message sealed and checked, the
+It offers what :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` offers the endpoint, with the same
+policy (:class:`~omni_trio.control.sockets.zmq_trio.SocketPolicy`: every message sealed and checked, the
 size cap) and the same semantics where the runtime relies on them:
 
 - :class:`UnixPull` is a process's inbox, bound at a path: any number of peers connect; messages of
@@ -48,11 +48,11 @@ from types import TracebackType
 
 import trio
 
-from omni_trio.control.auth import Frame
-from omni_trio.control.zmq_sockets import IpcPath, ipc_endpoint
-from omni_trio.control.zmq_trio import SocketPolicy
+from omni_trio.control.sockets.zmq_sockets import IpcPath, ipc_endpoint
+from omni_trio.control.sockets.zmq_trio import SocketPolicy
+from omni_trio.control.wire.auth import Frame
 from omni_trio.errors import MessageTooLarge
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["MAX_FRAMES", "UnixPull", "UnixPush", "message_head"]
 

@@ -4,12 +4,12 @@ Endpoints are ``ipc://`` paths or ``tcp://``. The bound socket file is chmod'ed 
 but there is a short window after ``bind`` with the umask's mode: create
 endpoints inside a private (0700) directory. Between hosts they are
 ``tcp://HOST:PORT`` (``tcp://HOST:*`` to bind any free port; the socket's
-:attr:`~omni_trio.control.zmq_trio.TrioSocket.source` then says which): only with a policy that has the
-run's :class:`~omni_trio.control.curve.Curve` (CURVE keys and ZAP, which
+:attr:`~omni_trio.control.sockets.zmq_trio.TrioSocket.source` then says which): only with a policy that has the
+run's :class:`~omni_trio.control.wire.curve.Curve` (CURVE keys and ZAP, which
 refuse a peer without the run's key before any frame reaches us).
 
-A socket made here is a :class:`~omni_trio.control.zmq_trio.TrioSocket` with the run's
-:class:`~omni_trio.control.zmq_trio.SocketPolicy`: ``ZMQ_MAXMSGSIZE`` from its limit (plus what CURVE
+A socket made here is a :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` with the run's
+:class:`~omni_trio.control.sockets.zmq_trio.SocketPolicy`: ``ZMQ_MAXMSGSIZE`` from its limit (plus what CURVE
 adds on TCP), no linger, ZMTP heartbeats on TCP.
 """
 
@@ -22,8 +22,8 @@ import trio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire.curve import Curve
 from omni_trio.errors import OmniTrioError
 
 __all__ = [

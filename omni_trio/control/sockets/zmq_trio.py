@@ -24,19 +24,19 @@ between two receivers is then arbitrary). Any number of tasks may send; each
 ``send_multipart`` is atomic (libzmq delivers multipart messages whole).
 
 The runtime uses these sockets between hosts (``tcp://``); processes of one
-host talk over :mod:`omni_trio.control.unix_link` instead, which spares each
+host talk over :mod:`omni_trio.control.sockets.unix_link` instead, which spares each
 hop ZMQ's I/O threads. It uses PUSH/PULL only: a PUSH socket blocks at its
 high-water mark instead of dropping (aborts included, see
 :mod:`omni_trio.control.aborts`), where a PUB socket would drop.
-:mod:`omni_trio.control.zmq_sockets` makes a run's sockets (endpoints, options,
+:mod:`omni_trio.control.sockets.zmq_sockets` makes a run's sockets (endpoints, options,
 CURVE, heartbeats) and watches a connection for its drop.
 
 Every socket of a run is built with the run's :class:`SocketPolicy`: its
-:class:`~omni_trio.control.auth.Authenticator` seals each message sent and
+:class:`~omni_trio.control.wire.auth.Authenticator` seals each message sent and
 checks each message received before the caller sees it (a message without
 valid proof is counted and skipped: ``recv_multipart`` never returns it; a
 ``tcp://`` PUSH socket, a CURVE connection, leaves its tensor frames out of the
-hash, see :mod:`omni_trio.control.auth`), and
+hash, see :mod:`omni_trio.control.wire.auth`), and
 its ``max_message_bytes`` is the socket's ``ZMQ_MAXMSGSIZE`` (libzmq drops
 the connection of a peer that sends a bigger frame, before buffering it) and
 the limit of each frame sent (:class:`~omni_trio.errors.MessageTooLarge`
@@ -54,8 +54,8 @@ import attrs
 import trio
 import zmq
 
-from omni_trio.control.auth import Authenticator, Frame
-from omni_trio.control.curve import Curve
+from omni_trio.control.wire.auth import Authenticator, Frame
+from omni_trio.control.wire.curve import Curve
 from omni_trio.errors import MessageTooLarge
 
 __all__ = [

@@ -8,7 +8,7 @@ frame before anything of the message is decoded: a message without a valid proof
 forgery, one made with another run's secret) is counted, reported and dropped, and none of its bytes
 reach the decoder, let alone the unpickler that reads payload headers.
 
-:class:`Authenticator` is what a socket needs of this (see :mod:`omni_trio.control.zmq_trio`): a
+:class:`Authenticator` is what a socket needs of this (see :mod:`omni_trio.control.sockets.zmq_trio`): a
 process builds one and hands it, through its endpoint, to every socket it creates. Authentication
 over TCP between hosts (CURVE, issue #16) plugs in at the same place, as another authenticator.
 
@@ -36,7 +36,7 @@ from typing import Protocol
 
 import zmq
 
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing.trace import Tracer, get_logger
 
 __all__ = ["MAC_BYTES", "Authenticator", "Frame", "FrameMac", "new_secret"]
 

@@ -21,7 +21,7 @@ Messages are flat: each field is a str, int, bool, float, bytes, None, a
 list of those or a map. So the codec needs no general (un)structuring: a
 table built once per message class lists its fields and their defaults, the
 encoder reads the attributes, and the decoder checks the keys and calls the
-class, whose validators (:mod:`omni_trio.control.messages`) check every field
+class, whose validators (:mod:`omni_trio.control.wire.messages`) check every field
 strictly; the cost is a few microseconds per message. (A DataRef's map nests, and
 :mod:`omni_trio.comm.dataref` structures it with cattrs: :mod:`omni_trio.comm.strict`.)
 """
@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import msgpack
 
-from omni_trio.control.messages import MESSAGE_TYPES, ControlMessage
+from omni_trio.control.wire.messages import MESSAGE_TYPES, ControlMessage
 from omni_trio.errors import MalformedMessage, describe_error
 
 __all__ = [

@@ -15,9 +15,9 @@ A peer without CURVE (the NULL mechanism), with another key pair, or that does n
 key never completes the handshake: libzmq closes its connection before any frame of it is queued, so
 nothing it sends reaches the run's code, let alone a decoder or the unpickler. Each refusal by ZAP is
 counted (:attr:`Curve.refused`) and warned about (1st, 2nd, 4th, 8th...). The run's
-:class:`~omni_trio.control.auth.Authenticator` still seals and checks every message on top, except
+:class:`~omni_trio.control.wire.auth.Authenticator` still seals and checks every message on top, except
 the bytes of tensor frames sent over a CURVE connection, which it binds by length only (libzmq
-authenticates them already; see :mod:`omni_trio.control.auth`).
+authenticates them already; see :mod:`omni_trio.control.wire.auth`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import attrs
 import zmq
 import zmq.auth.thread
 
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["Curve", "CurveKeys", "new_curve_keys"]
 

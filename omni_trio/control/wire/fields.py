@@ -1,4 +1,4 @@
-"""The checks on the fields of control messages (:mod:`omni_trio.control.messages`), as attrs validators
+"""The checks on the fields of control messages (:mod:`omni_trio.control.wire.messages`), as attrs validators
 and converters.
 
 The decoder runs them on whatever arrives, after the frame's proof of the run was checked: types are

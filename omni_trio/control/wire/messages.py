@@ -1,12 +1,12 @@
 """Control-plane messages (SPEC §2.2) as attrs classes.
 
 Every message class is frozen, registered under a short type tag with
-:func:`message`, and encoded/decoded by :mod:`omni_trio.control.codec`.
+:func:`message`, and encoded/decoded by :mod:`omni_trio.control.wire.codec`.
 Constructors validate, so an invalid message fails at the sender, and the
 codec's decoder runs the same checks on whatever arrives. Python objects
 (payloads, results, chunks) travel as ``data_ref`` maps whose pickled
 header the codec never unpickles: the receiving endpoint does, only after
-the message's proof of this run was checked (:mod:`omni_trio.control.auth`)
+the message's proof of this run was checked (:mod:`omni_trio.control.wire.auth`)
 and the message passed validation, on owner-only IPC sockets.
 
 To add a message: define a frozen attrs class deriving from
@@ -23,8 +23,8 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 
-from omni_trio.control import fields
-from omni_trio.control.fields import MAX_CHUNKS_PER_MESSAGE
+from omni_trio.control.wire import fields
+from omni_trio.control.wire.fields import MAX_CHUNKS_PER_MESSAGE
 
 __all__ = [
     "MAX_CHUNKS_PER_MESSAGE",

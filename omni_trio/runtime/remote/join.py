@@ -7,14 +7,15 @@ and the host it binds on. Whoever starts the worker copies it to that host and r
     omni-trio worker --join tcp://HOST:PORT --key KEYFILE
 
 The worker binds its control socket at ``tcp://<its host>:*`` (CURVE server, the run's key only),
-connects to the caller with the run's keys and sends :class:`~omni_trio.control.messages.Join`
+connects to the caller with the run's keys and sends :class:`~omni_trio.control.wire.messages.Join`
 (its name, where it receives, its pid). The caller answers with the worker's spec
-(:class:`~omni_trio.control.messages.JoinSpec`) over that authenticated connection; from there the
+(:class:`~omni_trio.control.wire.messages.JoinSpec`) over that authenticated connection; from there the
 worker starts like a local one and reports ``Ready`` within the pipeline's start-up timeout.
 
 The caller keeps a connection of its own to each joined worker, with ZMTP heartbeats, and watches it
 with a socket monitor: the worker is dead when it drops (a killed process's socket closes at once;
-a host that is gone stops answering heartbeats within :data:`~omni_trio.control.zmq_sockets.HEARTBEAT_TIMEOUT_MS`).
+a host that is gone stops answering heartbeats within
+:data:`~omni_trio.control.sockets.zmq_sockets.HEARTBEAT_TIMEOUT_MS`).
 :class:`RemoteProcess` stands for such a worker where the supervisor expects a process.
 
 A restarted group's worker (``restart="on-failure"``: the same command, run again by an orchestrator)
@@ -35,13 +36,13 @@ from pathlib import Path
 import attrs
 import trio
 
-from omni_trio.control import messages as m
-from omni_trio.control.codec import encode
-from omni_trio.control.curve import CurveKeys
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.control.zmq_sockets import connect_watched, wait_dropped
-from omni_trio.control.zmq_trio import TrioSocket
-from omni_trio.tracing import get_logger
+from omni_trio.control.sockets.zmq_sockets import connect_watched, wait_dropped
+from omni_trio.control.sockets.zmq_trio import TrioSocket
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.codec import encode
+from omni_trio.control.wire.curve import CurveKeys
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["KeyFile", "ManualWorkers", "RemoteProcess"]
 

@@ -1,14 +1,14 @@
 """Workers the runtime does not start as its own children: the ``manual`` and ``ray`` launchers.
 
 :class:`RemoteWorkers` is what the supervisor calls for a process group placed with one of them
-(``PipelineConfig.processes``): it returns a :class:`~omni_trio.runtime.join.RemoteProcess` standing for the
-worker, which joins the run over TCP (:mod:`omni_trio.runtime.join`); a ``ray`` worker's actor is started
-here (:mod:`omni_trio.runtime.ray_launch`) and killed when the worker is given up or the run stops.
+(``PipelineConfig.processes``): it returns a :class:`~omni_trio.runtime.remote.join.RemoteProcess` standing for the
+worker, which joins the run over TCP (:mod:`omni_trio.runtime.remote.join`); a ``ray`` worker's actor is started
+here (:mod:`omni_trio.runtime.remote.ray_launch`) and killed when the worker is given up or the run stops.
 
 A restart (``restart="on-failure"``) calls :meth:`RemoteWorkers.start` again: a ``manual`` group's
 command is logged again (an orchestrator restarts it, with the same key file), a ``ray`` group's dead
 actor is killed (its resources freed) and a new one started with the same resources; either way the
-new worker joins as a new incarnation (:class:`~omni_trio.runtime.join.ManualWorkers`).
+new worker joins as a new incarnation (:class:`~omni_trio.runtime.remote.join.ManualWorkers`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import trio
 
+from omni_trio.config.processes import ProcessConfig
 from omni_trio.control.endpoint import Endpoint
-from omni_trio.processes import ProcessConfig
-from omni_trio.runtime.join import ManualWorkers, RemoteProcess
-from omni_trio.runtime.ray_launch import RayLauncher
+from omni_trio.runtime.remote.join import ManualWorkers, RemoteProcess
+from omni_trio.runtime.remote.ray_launch import RayLauncher
 
 __all__ = ["RemoteWorkers"]
 

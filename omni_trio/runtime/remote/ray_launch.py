@@ -1,7 +1,7 @@
 """The ``ray`` launcher: a process group's worker inside a Ray actor, placed by its resources (issue #16).
 
 The actor is a plain synchronous one (no asyncio actor): its one long-running method runs the worker's
-own ``trio.run``, the same code as ``omni-trio worker --join`` (:mod:`omni_trio.runtime.worker_join`). The run's
+own ``trio.run``, the same code as ``omni-trio worker --join`` (:mod:`omni_trio.runtime.remote.worker_join`). The run's
 keys travel only as the method's arguments; the worker binds on its Ray node's IP address (Ray, not the
 config, knows where it lands), joins the caller over CURVE, and from there is a ``manual`` worker that
 the runtime started: its death is noticed the same way (its TCP connection drops), and stopping the
@@ -18,9 +18,9 @@ from typing import Any
 import attrs
 import trio
 
-from omni_trio.processes import ProcessConfig
-from omni_trio.runtime.join import KeyFile
-from omni_trio.tracing import get_logger
+from omni_trio.config.processes import ProcessConfig
+from omni_trio.runtime.remote.join import KeyFile
+from omni_trio.tracing.trace import get_logger
 
 __all__ = ["RayLauncher"]
 
@@ -42,7 +42,7 @@ def _run_worker(join_address: str, key: dict[str, str]) -> int:
     """The actor's method: the worker's trio.run on this node (returns when the pipeline ends)."""
     import ray
 
-    from omni_trio.runtime.worker_join import join
+    from omni_trio.runtime.remote.worker_join import join
 
     node_key = KeyFile(**{**key, "host": ray.util.get_node_ip_address()})
     trio.run(join, join_address, node_key)

@@ -1,6 +1,6 @@
 """``omni-trio worker --join tcp://HOST:PORT --key KEYFILE``: the worker side of the ``manual`` launcher.
 
-The key file (written by the caller, see :mod:`omni_trio.runtime.join`) holds the run's CURVE keys and secret,
+The key file (written by the caller, see :mod:`omni_trio.runtime.remote.join`) holds the run's CURVE keys and secret,
 the group's name and the host to bind on. The worker binds its control socket there (any free port),
 sends ``Join`` to the caller over CURVE, waits (up to :data:`JOIN_TIMEOUT_S`) for its spec on that
 socket, then serves like a local worker. It exits when the caller says Shutdown, or when a connection
@@ -31,15 +31,15 @@ import zmq
 
 from omni_trio.comm.segments import freeze_creation, remove_segments
 from omni_trio.config import MAIN_PROCESS, EndpointsConfig
-from omni_trio.control import messages as m
-from omni_trio.control.auth import FrameMac
-from omni_trio.control.codec import decode, encode
-from omni_trio.control.curve import Curve
-from omni_trio.control.zmq_sockets import bind_pull, connect_watched, wait_dropped
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
-from omni_trio.runtime.join import KeyFile
-from omni_trio.runtime.spec import WorkerSpec
-from omni_trio.runtime.worker import hard_exit, serve
+from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_watched, wait_dropped
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire import messages as m
+from omni_trio.control.wire.auth import FrameMac
+from omni_trio.control.wire.codec import decode, encode
+from omni_trio.control.wire.curve import Curve
+from omni_trio.runtime.remote.join import KeyFile
+from omni_trio.runtime.workers.spec import WorkerSpec
+from omni_trio.runtime.workers.worker import hard_exit, serve
 
 __all__ = ["JOIN_TIMEOUT_S", "join", "run_joined"]
 

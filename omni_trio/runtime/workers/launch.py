@@ -14,7 +14,7 @@ host, chosen by ``PipelineConfig.start_method``:
   or initialised CUDA at import) or dies before it is ready, the pipeline's
   workers are spawned instead and a warning says why; a template that dies
   later is reported and replaced at the next launch.
-- ``"spawn"``, :class:`LocalSpawnLauncher`: ``python -m omni_trio.runtime.worker
+- ``"spawn"``, :class:`LocalSpawnLauncher`: ``python -m omni_trio.runtime.workers.worker
   SPEC``, a fresh interpreter per worker. Use it where a stage module must
   be imported in every worker process on its own (module-level state set at
   import, such as numpy's global random state, is shared by forked workers).
@@ -34,15 +34,15 @@ from typing import Protocol
 import trio
 
 from omni_trio.config import PipelineConfig
+from omni_trio.config.hooks import import_string
 from omni_trio.errors import StageStartupError
-from omni_trio.hooks import import_string
-from omni_trio.runtime.template import TemplateDied, TemplateProcess
-from omni_trio.tracing import get_logger
+from omni_trio.runtime.workers.template import TemplateDied, TemplateProcess
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 
 #: Modules every worker imports: the template loads them whatever the stages are.
-WORKER_MODULES = ("omni_trio.runtime.worker",)
+WORKER_MODULES = ("omni_trio.runtime.workers.worker",)
 #: Hooks of a stage whose modules a worker imports too.
 _HOOK_FIELDS = ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy")
 
@@ -79,7 +79,7 @@ class Launcher(Protocol):
         """Get ready to launch (called once, before the first :meth:`launch`)."""
 
     async def launch(self, process: str, spec_path: Path) -> WorkerProcess:
-        """Start the worker of ``process`` that runs ``python -m omni_trio.runtime.worker spec_path`` would."""
+        """Start the worker of ``process`` that runs ``python -m omni_trio.runtime.workers.worker spec_path`` would."""
 
     async def aclose(self) -> None:
         """Release what the launcher holds (after every worker it launched has exited)."""
@@ -87,11 +87,11 @@ class Launcher(Protocol):
 
 def worker_command(spec_path: Path) -> list[str]:
     """The command line of a spawned worker (a forked one shows the same in ps)."""
-    return [sys.executable, "-m", "omni_trio.runtime.worker", str(spec_path)]
+    return [sys.executable, "-m", "omni_trio.runtime.workers.worker", str(spec_path)]
 
 
 class LocalSpawnLauncher:
-    """A fresh interpreter per worker: ``python -m omni_trio.runtime.worker SPEC``."""
+    """A fresh interpreter per worker: ``python -m omni_trio.runtime.workers.worker SPEC``."""
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Nothing to prepare."""

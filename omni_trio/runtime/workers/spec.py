@@ -1,7 +1,7 @@
 """What a worker process is told: its :class:`WorkerSpec`, and where it reports a failed start-up.
 
-The supervisor writes the spec (or a joined worker receives it, :mod:`omni_trio.runtime.worker_join`);
-the worker (:mod:`omni_trio.runtime.worker`) reads it and, if it cannot start, leaves its traceback at
+The supervisor writes the spec (or a joined worker receives it, :mod:`omni_trio.runtime.remote.worker_join`);
+the worker (:mod:`omni_trio.runtime.workers.worker`) reads it and, if it cannot start, leaves its traceback at
 :func:`startup_traceback_path`, where the supervisor looks for it.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 
 from omni_trio.config import PipelineConfig
-from omni_trio.control.curve import CurveKeys
+from omni_trio.control.wire.curve import CurveKeys
 
 
 @attrs.frozen
@@ -23,14 +23,14 @@ class WorkerSpec:
     process: str
     ipc_dir: str
     shm_prefix: str
-    #: The run's secret: every message carries its proof (omni_trio/control/auth.py).
+    #: The run's secret: every message carries its proof (omni_trio/control/wire/auth.py).
     secret: bytes
     trace_path: str | None
     sys_path: list[str]
     #: Requests failed when an earlier incarnation of this process died: messages for
     #: them still queued towards its socket must be dropped by the new one.
     retired: list[str] = attrs.field(factory=list)
-    #: The run's CURVE keys, for a process with ``tcp://`` sockets (omni_trio/control/curve.py).
+    #: The run's CURVE keys, for a process with ``tcp://`` sockets (omni_trio/control/wire/curve.py).
     curve: CurveKeys | None = None
     #: Peers on other hosts: their ``tcp://`` control endpoints.
     tcp: dict[str, str] = attrs.field(factory=dict)

@@ -1,7 +1,7 @@
 """Worker processes as trio tasks: start in parallel, wait for readiness, notice death, stop.
 
-Each process group runs what ``python -m omni_trio.runtime.worker SPEC`` runs, started
-by the pipeline's launcher (:mod:`omni_trio.runtime.launch`: forked from a preloaded
+Each process group runs what ``python -m omni_trio.runtime.workers.worker SPEC`` runs, started
+by the pipeline's launcher (:mod:`omni_trio.runtime.workers.launch`: forked from a preloaded
 template by default, or spawned). Its exit is an awaited event, not a poll.
 Start-up is ready when the worker said ``Ready`` (its control socket, where
 aborts arrive too, is bound by then, so no abort can be missed). Shutdown
@@ -13,7 +13,7 @@ it died (same name, same socket path; peers' PUSH sockets reconnect on their
 own), after an exponential backoff, at most ``max_restarts`` times over the
 pipeline's life (the first wait is the stages' ``restart_backoff_s``). Each
 attempt goes through the same readiness handshake. A ``manual`` or ``ray``
-group's worker is started again its launcher's way (:mod:`omni_trio.runtime.remote`)
+group's worker is started again its launcher's way (:mod:`omni_trio.runtime.remote.launchers`)
 and joins as a new incarnation.
 
 In a run where some worker joined over TCP, the caller sends each worker its peers'
@@ -33,18 +33,18 @@ from pathlib import Path
 import attrs
 import trio
 
-from omni_trio.addresses import split_replica
 from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig, StageConfig, process_edges
-from omni_trio.control import messages as m
+from omni_trio.config.processes import host_of, joins, tcp_listeners
+from omni_trio.config.replicas import split_replica
 from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.wire import messages as m
 from omni_trio.errors import StageStartupError, describe_exit
-from omni_trio.processes import host_of, joins, tcp_listeners
-from omni_trio.runtime.join import RemoteProcess
-from omni_trio.runtime.launch import Launcher, WorkerProcess, launcher_for
-from omni_trio.runtime.remote import RemoteWorkers
-from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
-from omni_trio.tracing import get_logger, process_trace_path
+from omni_trio.runtime.remote.join import RemoteProcess
+from omni_trio.runtime.remote.launchers import RemoteWorkers
+from omni_trio.runtime.workers.launch import Launcher, WorkerProcess, launcher_for
+from omni_trio.runtime.workers.spec import WorkerSpec, startup_traceback_path
+from omni_trio.tracing.trace import get_logger, process_trace_path
 
 log = get_logger(__name__)
 

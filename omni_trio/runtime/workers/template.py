@@ -1,4 +1,4 @@
-"""The caller's side of a template process (:mod:`omni_trio.runtime.template_main`) and the workers it forks.
+"""The caller's side of a template process (:mod:`omni_trio.runtime.workers.template_main`) and the workers it forks.
 
 :class:`TemplateProcess` starts the template, sends it what to preload,
 forks workers through it and reads its reports: launch replies, and each
@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from omni_trio.errors import describe_exit
-from omni_trio.tracing import get_logger
+from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
 
@@ -130,7 +130,8 @@ class TemplateProcess:
         ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "omni_trio.runtime.template_main", " " * title_room], stdin=theirs.fileno()
+                [sys.executable, "-m", "omni_trio.runtime.workers.template_main", " " * title_room],
+                stdin=theirs.fileno(),
             )
         finally:
             theirs.close()
@@ -158,7 +159,7 @@ class TemplateProcess:
     async def _fork(self, spec_path: Path) -> ForkedProcess:
         read_end, write_end = os.pipe()
         self._pending_stdin = write_end
-        title = [sys.executable, "-m", "omni_trio.runtime.worker", str(spec_path)]
+        title = [sys.executable, "-m", "omni_trio.runtime.workers.worker", str(spec_path)]
         # Our descriptors 1 and 2 now, as a spawned worker would inherit them (not sys.stdout,
         # which a test harness may have replaced); /dev/null where one is closed.
         stdio = [fd if _is_open(fd) else os.open(os.devnull, os.O_WRONLY) for fd in (1, 2)]

@@ -1,6 +1,6 @@
-"""``python -m omni_trio.runtime.template_main``: the preloaded template that forks worker processes.
+"""``python -m omni_trio.runtime.workers.template_main``: the preloaded template that forks worker processes.
 
-A pipeline's :class:`~omni_trio.runtime.launch.TemplateLauncher` starts one of
+A pipeline's :class:`~omni_trio.runtime.workers.launch.TemplateLauncher` starts one of
 these with one end of a private ``SOCK_SEQPACKET`` socket pair as its stdin.
 The template imports omni_trio's worker code and the pipeline's stage
 modules (torch with them, where they import it) once, checks that it is
@@ -36,7 +36,7 @@ import traceback
 from typing import Any
 
 from omni_trio.runtime.heap import freeze_startup_heap
-from omni_trio.runtime.template import LAUNCH_FDS, MAX_MESSAGE
+from omni_trio.runtime.workers.template import LAUNCH_FDS, MAX_MESSAGE
 
 #: Native threads whose owners do not survive a fork (zmq's I/O threads, CUDA's driver threads).
 UNSAFE_THREAD_PREFIXES = ("ZMQbg", "cuda")
@@ -93,8 +93,8 @@ def _become_worker(request: dict[str, Any], fds: list[int]) -> None:
                 os.close(fd)
         with contextlib.suppress(OSError, ValueError, IndexError):  # cosmetic: ps and tests read it
             set_title(request["title"])
-        sys.argv = request["title"][2:]  # as ``-m omni_trio.runtime.worker SPEC`` would have it
-        from omni_trio.runtime.worker import main
+        sys.argv = request["title"][2:]  # as ``-m omni_trio.runtime.workers.worker SPEC`` would have it
+        from omni_trio.runtime.workers.worker import main
 
         main([request["spec"]])  # exits the process itself
     except BaseException:  # noqa: BLE001 - the exit status tells the caller; the traceback says why
@@ -168,7 +168,7 @@ class Template:
 
 
 def main() -> None:
-    """Entry point (started by :class:`~omni_trio.runtime.launch.TemplateLauncher`, stdin is its socket)."""
+    """Entry point (started by :class:`~omni_trio.runtime.workers.launch.TemplateLauncher`, stdin is its socket)."""
     # The caller handles Ctrl-C for the whole pipeline, like the workers do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0

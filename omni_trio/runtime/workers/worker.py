@@ -1,4 +1,4 @@
-"""``python -m omni_trio.runtime.worker SPEC``: one process group's ``trio.run``.
+"""``python -m omni_trio.runtime.workers.worker SPEC``: one process group's ``trio.run``.
 
 The runtime starts one worker per process group. A worker builds its
 stages, binds its control socket (aborts arrive there too), starts
@@ -31,19 +31,20 @@ import attrs
 import trio
 import zmq
 
-from omni_trio.addresses import BindingTable, split_replica
 from omni_trio.comm.ownership import owner_of_prefix, remove_run
 from omni_trio.comm.segments import freeze_creation
 from omni_trio.config import MAIN_PROCESS
-from omni_trio.control import messages as m
+from omni_trio.config.replicas import split_replica
+from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteCoordinatorLink
-from omni_trio.control.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
+from omni_trio.control.wire import messages as m
 from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
 from omni_trio.runtime.heap import freeze_startup_heap
-from omni_trio.runtime.spec import WorkerSpec, startup_traceback_path
+from omni_trio.runtime.workers.spec import WorkerSpec, startup_traceback_path
 from omni_trio.stage.stage import Stage
-from omni_trio.tracing import Tracer, get_logger
+from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
 
@@ -105,7 +106,7 @@ async def serve(
 ) -> None:
     """Run the worker's stages until the runtime says Shutdown (or its owner is gone: :func:`watch_owner`).
 
-    A worker that joined over TCP (:mod:`omni_trio.runtime.worker_join`) passes its ZMQ ``context`` and its
+    A worker that joined over TCP (:mod:`omni_trio.runtime.remote.worker_join`) passes its ZMQ ``context`` and its
     bound receive socket ``pull`` and the ``policy`` of its sockets.
     """
     if not spec.joined:
@@ -211,10 +212,10 @@ async def _stop_stage(stage: Stage) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m omni_trio.runtime.worker SPEC``."""
+    """Entry point: ``python -m omni_trio.runtime.workers.worker SPEC``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m omni_trio.runtime.worker SPEC (started by omni_trio.open_pipeline)")
+        raise SystemExit("usage: python -m omni_trio.runtime.workers.worker SPEC (started by omni_trio.open_pipeline)")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with open(args[0], "rb") as handle:
         spec: WorkerSpec = pickle.load(handle)

@@ -1,4 +1,4 @@
-"""Shim for ``sglang.srt.utils`` (omni-trio's own code, used only by ``omni_trio.bench_sglang``'s children).
+"""Shim for ``sglang.srt.utils`` (omni-trio's own code, used only by ``benchmarks.sglang``'s children).
 
 The real package's ``__init__`` star-imports ``common``, which imports triton and the serving stack.
 SGLang-Omni's stage workers import only ``kill_itself_when_parent_died`` from it: this module
