@@ -1,4 +1,4 @@
-"""The documentation's code runs: every ```python block of README.md and docs/*.md.
+"""The documentation's code runs, and the docs build: every ```python block of README.md and docs/*.md.
 
 Each block runs in a fresh interpreter (``sys.executable -c``) from the
 repository root with ``PYTHONPATH`` set to it, and must exit with 0 within
@@ -10,6 +10,11 @@ appear in the block verbatim, so the docs cannot drift from the factories
 the other snippets import.
 
 The blocks start in parallel (one per CPU) when the first test needs them.
+
+The docs also build with Sphinx (``docs/conf.py``, MyST for the Markdown), warnings
+failing the build, and the built API reference must document every name of
+``omni_trio.__all__``, read at run time, so that a new public name without a
+docstring entry, or a docstring Sphinx cannot read, fails here.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ import attrs
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Pages made of Sphinx directives only (the table of contents, the generated reference): no code to run.
+DIRECTIVES_ONLY = {"index.md", "reference.md"}
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in DIRECTIVES_ONLY)]
 TIMEOUT_S = 60
+SPHINX_TIMEOUT_S = 300
 FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 MIRROR = re.compile(r"\A# from (?P<path>[\w/]+)\.py: (?P<names>[\w, ]+)\n")
 
@@ -126,3 +134,20 @@ def test_shown_source_matches_the_module(snippet: Snippet) -> None:
     for name in (part.strip() for part in match["names"].split(",")):
         source = inspect.getsource(getattr(module, name))
         assert source in snippet.code, f"{snippet.name}: the code shown for {name} differs from {module.__name__}"
+
+
+def test_the_docs_build_and_the_reference_names_every_public_name(tmp_path: Path) -> None:
+    out = tmp_path / "html"
+    build = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SPHINX_TIMEOUT_S,
+        check=False,
+    )
+    assert build.returncode == 0, f"sphinx-build failed:\n{build.stderr}"
+    reference = (out / "reference.html").read_text(encoding="utf-8")
+    documented = set(re.findall(r'id="omni_trio\.(\w+)"', reference))
+    public = importlib.import_module("omni_trio").__all__
+    assert sorted(set(public) - documented) == [], "public names missing from the built reference"
