@@ -8,7 +8,7 @@ streams 3 warm-up requests and then ``--requests`` more, and prints, for each pr
 caller, ``T``: the talker's process, ``V``: the vocoder's), the median number of Python calls and of
 distinct functions in that window, then the modules those calls ran in, most calls first.
 
-Why count: on this machine a cold step costs what it touches (docs/benchmarks.md, rounds eight to ten),
+Why count: on this machine a cold step costs what it touches (benchmarks/NOTES.md, rounds eight to ten),
 and timings swing 1.5x from one quarter of an hour to the next; a count does not. With ``--chunks 1``
 every call in the window is on the first chunk's way (or the one-chunk stream's result right behind
 it); with more chunks, the talker's thread makes the others meanwhile and they count too.

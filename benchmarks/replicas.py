@@ -4,7 +4,7 @@ A chain ``front -> device -> back``, each in worker processes, whose middle stag
 20 ms per request outside the GIL (``time.sleep`` on its scheduler thread, like a device
 kernel), one request at a time per replica. 16 requests stay in flight; the chain runs with
 ``device.replicas`` = 1, 2 and 4, and the result is each one's requests/s and the speed-up over
-one replica (docs/benchmarks.md). ``benchmarks.workloads.w9`` runs it.
+one replica (benchmarks/NOTES.md). ``benchmarks.workloads.w9`` runs it.
 """
 
 from __future__ import annotations

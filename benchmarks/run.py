@@ -33,7 +33,7 @@ Every stage runs in a worker process of its own unless a workload says otherwise
 what a user writes: ``SimpleScheduler(fn)`` with its default arguments (``fn`` runs on the scheduler
 thread), in a module that imports torch at the top. ``--inline`` runs the no-op and text stages'
 compute on their stage's event loop instead (``SimpleScheduler(fn, inline=True)``: an extra column
-of docs/benchmarks.md, not the headline). The results are printed as a table and written as JSON
+of benchmarks/NOTES.md, not the headline). The results are printed as a table and written as JSON
 (default ``out/bench.json``); ``--vs-sglang-omni`` adds SGLang-Omni's.
 """
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(SimpleScheduler(inline=True)) instead of their scheduler threads")
     parser.add_argument("--vs-sglang-omni", action="store_true",
                         help="also run each workload on SGLang-Omni 0.1.9, right after ours, and print "
-                             "ours/theirs ratios (install: docs/benchmarks.md)")
+                             "ours/theirs ratios (install: docs/performance.md)")
     args = parser.parse_args(argv)
     if args.only:
         chosen = [w for name in args.only.split(",") if name.strip() for w in GROUPS.get(name.strip(), (name.strip(),))]

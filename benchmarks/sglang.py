@@ -10,7 +10,7 @@ workloads on SGLang-Omni's side are in :mod:`benchmarks.sglang_child`; every met
 same as in ``bench.py``.
 
 SGLang-Omni is not a dependency: it is installed in a separate virtual environment with the recipe
-in ``docs/benchmarks.md``. Its imports pull GPU-only packages, so each run happens in a child
+in ``docs/performance.md``. Its imports pull GPU-only packages, so each run happens in a child
 interpreter (``python -m benchmarks.sglang_child NAME``, asyncio, as SGLang-Omni needs) whose
 ``PYTHONPATH`` starts with ``benchmarks/sglang_shims``: tiny modules of ours that stand in for those
 imports. Nothing of SGLang-Omni's code is copied here.
@@ -39,7 +39,7 @@ from benchmarks.sglang_child import RESULT_PREFIX
 SGLANG_OMNI_VERSION = "0.1.9"
 ROOT = Path(__file__).resolve().parent.parent
 SHIMS = ROOT / "benchmarks" / "sglang_shims"
-RECIPE = "docs/benchmarks.md, section 'Comparing with SGLang-Omni'"
+RECIPE = "docs/performance.md, section 'Reproducing them'"
 NOTES: dict[str, str] = {
     "W5": "SGLang-Omni's vocoder forwards each chunk to the caller as a list (its caller-bound stream is msgpack)",
 }

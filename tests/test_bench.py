@@ -68,7 +68,7 @@ def test_vs_sglang_omni_without_it_names_the_recipe_and_fails(tmp_path: Path) ->
     out = tmp_path / "bench.json"
     proc = bench(out, "--vs-sglang-omni", "--only", "W1", timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "SGLang-Omni 0.1.9" in proc.stderr and "docs/benchmarks.md" in proc.stderr, proc.stderr
+    assert "SGLang-Omni 0.1.9" in proc.stderr and "docs/performance.md" in proc.stderr, proc.stderr
     assert "running W1" not in proc.stderr  # refused before any workload ran
     assert not out.exists()
 

@@ -4,7 +4,7 @@ A worker imports torch and its stage modules (the template imports them once for
 forks) and builds its stages: some 200,000 objects that live as long as the process. CPython's full
 (generation 2) collection walks every object it tracks; in a W5 worker that took 100-170 ms, about once
 every hundred requests, while the worker's loop and its scheduler threads stood still
-(``benchmarks/gc_pauses.py``, docs/benchmarks.md). ``gc.freeze()`` moves every object tracked so far
+(``benchmarks/gc_pauses.py``, benchmarks/NOTES.md). ``gc.freeze()`` moves every object tracked so far
 into the permanent generation, which collections skip; what the process makes later is collected as
 before. In the template it has a second use: a collection in a forked worker would write into the
 header of each inherited object it walks, copying the template's pages into the worker.
