@@ -98,7 +98,7 @@ class SlotAllocator:
         if threading.get_ident() == self._loop_thread:
             return self._fallback(shape, dtype, nbytes, "called on the event loop, which must not wait for a slot")
         try:
-            array = trio.from_thread.run(self._hold, nbytes, trio_token=self._token)
+            array = trio.from_thread.run(self._borrow_slot, nbytes, trio_token=self._token)
         except (trio.RunFinishedError, trio.Cancelled, trio.ClosedResourceError):
             return self._fallback(shape, dtype, nbytes, "the stage's process is shutting down")
         except OSError as exc:  # a plain allocation may still work where a new segment did not
@@ -114,13 +114,13 @@ class SlotAllocator:
             self._tracer.event("zero_copy_fallback", stage=self._stage, bytes=nbytes, reason=reason)
         return torch.empty(tuple(shape), dtype=dtype)
 
-    async def _hold(self, nbytes: int) -> Any:
+    async def _borrow_slot(self, nbytes: int) -> Any:
         import numpy
 
         relay = self._relay()
         if relay is None:
             raise trio.ClosedResourceError("the stage's process is shutting down")
-        held = await relay.hold(nbytes)
+        held = await relay.borrow_slot(nbytes)
         if held is None:
             return None
         name, mm = held
@@ -128,20 +128,20 @@ class SlotAllocator:
         self._held[array.ctypes.data] = _Held(name, nbytes)
         # Every tensor made from ``array`` keeps it alive (torch.from_numpy holds it, views share
         # its storage): the finalizer runs, on whichever thread drops the last one, once none is.
-        weakref.finalize(array, self._post_unhold, array.ctypes.data, name).atexit = False
+        weakref.finalize(array, self._post_return_slot, array.ctypes.data, name).atexit = False
         return array
 
-    def _post_unhold(self, address: int, name: str) -> None:
+    def _post_return_slot(self, address: int, name: str) -> None:
         with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._unhold, address, name)
+            self._token.run_sync_soon(self._return_slot, address, name)
 
-    def _unhold(self, address: int, name: str) -> None:
+    def _return_slot(self, address: int, name: str) -> None:
         held = self._held.get(address)
         if held is not None and held.name == name:
             del self._held[address]
         relay = self._relay()
         if relay is not None:
-            relay.unhold(name)
+            relay.return_slot(name)
 
     def plan(self, tensors: Mapping[str, torch.Tensor]) -> LendPlan | str | None:
         """How to send ``tensors`` by reference: the contiguous views of one held slot go by their

@@ -7,13 +7,12 @@ friendly, ``_type: "DataRef"``, ``version: 1``). The receiver calls
 dtypes), so the unpacking code can trust what it gets. Anything wrong raises
 :class:`~omni_trio.errors.MalformedMessage`.
 
-Layouts:
-
-* ``packed_tensors`` (payloads, chunks with metadata tensors): ``header``
-  (pickled object with :class:`~omni_trio.comm.tensor_walk.TensorPlaceholder`)
-  plus ``tensors`` entries into one buffer. A chunk and its metadata tensors
-  are packed into one buffer = one transfer = one credit (SPEC §9 item 6).
-* ``raw_tensor`` (a single tensor): ``shape``/``dtype``/``device``/``offset``.
+Its one layout, ``packed_tensors`` (payloads, chunks with metadata tensors):
+``header`` (pickled object with
+:class:`~omni_trio.comm.tensor_walk.TensorPlaceholder`) plus ``tensors``
+entries into one buffer. A chunk and its metadata tensors are packed into one
+buffer = one transfer = one credit (SPEC §9 item 6). A DataRef only travels
+between processes, so its transport is ``inline``, ``shm`` or ``tcp``.
 
 ``buffer`` is ``{transport, info, length}``: ``info`` is the relay's put
 metadata verbatim (shm: ``{"shm_name", "size"}`` with ``size == length``, plus
@@ -43,6 +42,7 @@ from omni_trio.errors import MalformedMessage
 __all__ = [
     "DATAREF_TYPE",
     "DATAREF_VERSION",
+    "WIRE_TRANSPORTS",
     "BufferRef",
     "DataRef",
     "DataRefKind",
@@ -56,32 +56,30 @@ DATAREF_VERSION = 1
 
 
 class TransportKind(enum.StrEnum):
-    """How the bytes of one object travel."""
+    """How the bytes of one object travel (the names the trace's ``comm_transport_selected`` uses)."""
 
-    local_object = "local_object"  # same process: the Python object itself
-    local_copy = "local_copy"  # same process, isolated copy
+    local_object = "local_object"  # same process: the Python object itself (never a DataRef)
+    local_copy = "local_copy"  # same process, isolated copy (never a DataRef)
     inline = "inline"  # inside the control message
     shm = "shm"  # POSIX shared memory segment (omni_trio.comm.shm)
-    cuda_ipc = "cuda_ipc"  # CUDA IPC slot pool
-    tcp = "tcp"  # byte stream between hosts
+    tcp = "tcp"  # frames of the control message, between hosts (omni_trio.comm.tcp)
+
+
+#: The transports a DataRef may name: those that cross a process boundary.
+WIRE_TRANSPORTS = frozenset({TransportKind.inline, TransportKind.shm, TransportKind.tcp})
 
 
 class DataRefKind(enum.StrEnum):
-    """What the object is (the reserved kinds are accepted, not produced)."""
+    """What the object is."""
 
     stage_payload = "stage_payload"
     stream_chunk = "stream_chunk"
-    stream_metadata_tensor = "stream_metadata_tensor"
-    kv_pages = "kv_pages"
-    weight_bucket = "weight_bucket"
-    moe_expert_payload = "moe_expert_payload"
 
 
 class Layout(enum.StrEnum):
-    """How the bytes in the buffer are organised."""
+    """How the bytes in the buffer are organised (one layout; the field keeps the wire map's shape)."""
 
     packed_tensors = "packed_tensors"
-    raw_tensor = "raw_tensor"
 
 
 def _nonneg_int(value: object) -> bool:
@@ -121,16 +119,12 @@ class BufferRef:
         return self.transport is TransportKind.shm and "lease" in self.info
 
 
-def _element_size(dtype: str) -> int:
-    return ELEMENT_SIZES[dtype]
-
-
 def _check_extent(what: str, shape: tuple[int, ...], dtype: str, offset: int, size: int, length: int | None) -> None:
     if dtype not in ELEMENT_SIZES:
         raise ValueError(f"{what}: unsupported dtype {dtype!r}")
     if any(type(d) is not int or d < 0 for d in shape):
         raise ValueError(f"{what}: bad shape {shape!r}")
-    elem = _element_size(dtype)
+    elem = ELEMENT_SIZES[dtype]
     if size != math.prod(shape) * elem:
         raise ValueError(f"{what}: size {size} does not match shape {shape} x {elem} bytes")
     if not _nonneg_int(offset) or offset % elem:
@@ -156,11 +150,6 @@ class DataRef:
     buffer: BufferRef | None = None
     header: bytes | None = None
     tensors: tuple[TensorEntry, ...] = attrs.field(default=(), converter=_entry_tuple)
-    # raw_tensor layout only:
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    device: str | None = None
-    offset: int | None = None
     #: chunk metadata with tensors removed (must be msgpack-encodable).
     metadata: dict[str, Any] | None = None
     version: int = DATAREF_VERSION
@@ -175,30 +164,20 @@ class DataRef:
             raise ValueError(f"unsupported DataRef version {self.version!r}")
         if type(self.object_id) is not str or not self.object_id:
             raise ValueError("object_id must be a non-empty string")
+        if self.transport not in WIRE_TRANSPORTS:
+            raise ValueError(f"a DataRef crosses processes: transport inline, shm or tcp, not {self.transport!r}")
         length = self.buffer.length if self.buffer is not None else None
         over_tcp = self.buffer is not None and self.buffer.transport is TransportKind.tcp
         if over_tcp != bool(self.frames) and (self.frames or self.tensors):
             raise ValueError("frames go with a tcp buffer, and a tcp buffer with its frames")
         if over_tcp and not frame_sizes_match(self.tensors, self.frames):
             raise ValueError("a tcp buffer needs one frame per tensor entry, each of the entry's size")
-        if self.layout is Layout.packed_tensors:
-            if not (self.shape is None and self.dtype is None and self.device is None and self.offset is None):
-                raise ValueError("packed_tensors layout takes no shape/dtype/device/offset")
-            paths: set[str] = set()
-            for entry in self.tensors:
-                if entry.path in paths:
-                    raise ValueError(f"duplicate tensor path {entry.path!r}")
-                paths.add(entry.path)
-                _check_extent(f"tensor {entry.path!r}", entry.shape, entry.dtype, entry.offset, entry.size, length)
-        elif self.layout is Layout.raw_tensor:
-            if self.tensors:
-                raise ValueError("raw_tensor layout takes no tensor entries")
-            if self.shape is None or self.dtype is None or self.device is None or self.offset is None:
-                raise ValueError("raw_tensor layout needs shape, dtype, device and offset")
-            if self.buffer is None:
-                raise ValueError("raw_tensor layout needs a buffer")
-            size = math.prod(self.shape) * _element_size(self.dtype) if self.dtype in ELEMENT_SIZES else 0
-            _check_extent("raw tensor", self.shape, self.dtype, self.offset, size, length)
+        paths: set[str] = set()
+        for entry in self.tensors:
+            if entry.path in paths:
+                raise ValueError(f"duplicate tensor path {entry.path!r}")
+            paths.add(entry.path)
+            _check_extent(f"tensor {entry.path!r}", entry.shape, entry.dtype, entry.offset, entry.size, length)
 
     @property
     def nbytes(self) -> int:

@@ -9,11 +9,12 @@ process, :func:`choose_transport` picks how one object travels:
   provided the pickle stays within 16 KiB too);
 * ``shm`` — every other object: CPU tensors of any size (a CPU stream chunk
   over 16 KiB included, where the reference raises), and accelerator
-  tensors, copied to host memory;
-* ``cuda_ipc`` and ``tcp`` — the slots for same-node GPU transfers and for
-  stages on other hosts. They are not available yet: a GPU-to-GPU edge
-  falls back to ``shm`` (with a warning, once), and a remote edge raises
-  :class:`TransportUnavailable`.
+  tensors, copied to host memory. There is no GPU-to-GPU transport: an edge
+  between two GPU stages uses ``shm`` too, with a warning, once.
+
+An edge to another host sends what would go through ``shm`` as ``tcp`` frames
+instead; the sender knows the host (:mod:`omni_trio.comm.tcp`,
+:func:`omni_trio.comm.transfer.encode_object`), this choice does not.
 
 Each stage owns a :class:`TransportLog` that records, once per edge and
 direction and again whenever it changes, which transport an edge uses
@@ -39,10 +40,6 @@ COORDINATOR = "coordinator"
 INLINE_LIMIT = 16 * 1024
 
 
-class TransportUnavailable(RuntimeError):
-    """The transport an edge needs is not part of this runtime yet."""
-
-
 _warned_gpu_fallback: set[tuple[str, str]] = set()
 
 
@@ -53,18 +50,13 @@ def choose_transport(
     sender: str = "",
     receiver: str = "",
     gpu_peers: bool = False,
-    remote: bool = False,
 ) -> TransportKind:
     """The transport of one object whose tensors live on ``tensor_devices``.
 
     ``inline`` is a candidate only: the caller falls back to ``shm`` when
     the pickled object exceeds :data:`INLINE_LIMIT`. ``gpu_peers``: both
-    stages are GPU stages; ``remote``: the receiver is on another host.
+    stages are GPU stages (only the one-time warning depends on it).
     """
-    if remote:
-        raise TransportUnavailable(
-            f"stage {receiver!r} is on another host, and the remote (tcp) transport is not available yet"
-        )
     devices = set(tensor_devices)
     if not devices:
         return TransportKind.inline

@@ -238,19 +238,19 @@ class ShmRelay:
 
     # ------------------------------------------------ slots a stage writes into (omni_trio.comm.alloc)
 
-    async def hold(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
+    async def borrow_slot(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
         """Take a pooled slot of at least ``nbytes`` for the sender to build its output in; None: no room.
 
-        The slot stays out of the pool until :meth:`unhold`; :meth:`lend` sends it without a copy.
+        The slot stays out of the pool until :meth:`return_slot`; :meth:`lend` sends it without a copy.
         Returns its name and the relay's mapping of it.
         """
         if self._closed or nbytes > self.max_transfer_bytes:
             return None
-        return await self._pool.hold(nbytes)
+        return await self._pool.borrow_slot(nbytes)
 
-    def unhold(self, name: str) -> None:
+    def return_slot(self, name: str) -> None:
         """The sender no longer views held slot ``name``: it returns to the pool once no receiver does either."""
-        self._pool.unhold(name)
+        self._pool.return_slot(name)
 
     async def lend(self, name: str, target: str, length: int) -> ShmPut | None:
         """Send the first ``length`` bytes of held slot ``name`` to ``target`` as they are (no copy).

@@ -16,7 +16,7 @@ or missing ACK *retires* the slot: it is unlinked and forgotten (a receiver
 that still maps it keeps valid memory; POSIX unlinks while mapped are fine),
 so a slot the sender writes again is never one a receiver may still be
 reading. A stage may also build its output in a slot it holds
-(:meth:`SlotPool.hold`, for :mod:`omni_trio.comm.alloc`) and send it as it is
+(:meth:`SlotPool.borrow_slot`, for :mod:`omni_trio.comm.alloc`) and send it as it is
 (:meth:`SlotPool.lend`).
 
 Credits are the relay's, not the pool's: :meth:`SlotPool.lend` only waits on
@@ -93,7 +93,7 @@ class Slot:
     released: bool = False
     #: When it was last taken (for evicting the least recently used free slot).
     used: int = 0
-    #: A stage's tensor views it (:meth:`SlotPool.hold`): it stays out of the pool until :meth:`SlotPool.unhold`.
+    #: A stage's tensor views it (:meth:`SlotPool.borrow_slot`): out of the pool until :meth:`SlotPool.return_slot`.
     held: bool = False
 
 
@@ -237,10 +237,10 @@ class SlotPool:
             self._free(slot)
         return True
 
-    async def hold(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
+    async def borrow_slot(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
         """Take a slot of at least ``nbytes`` for the sender to build its output in; None: no room.
 
-        The slot stays out of the pool until :meth:`unhold`; :meth:`lend` sends it without a copy.
+        The slot stays out of the pool until :meth:`return_slot`; :meth:`lend` sends it without a copy.
         Returns its name and the pool's mapping of it.
         """
         slot = await self._take(max(nbytes, 1))
@@ -249,7 +249,7 @@ class SlotPool:
         slot.held = True
         return slot.name, slot.mm
 
-    def unhold(self, name: str) -> None:
+    def return_slot(self, name: str) -> None:
         """The sender no longer views held slot ``name``: it returns to the pool once no receiver does either."""
         slot = self._slots.get(name)
         if slot is None or not slot.held:

@@ -14,7 +14,8 @@
   it ACKs the read. Tensors the sending stage built in one slot with
   ``ot.empty`` (:mod:`omni_trio.comm.alloc`) are not copied: that slot is lent.
 
-Which one is :mod:`omni_trio.comm.router`'s decision.
+Whether an object goes inline is :mod:`omni_trio.comm.router`'s decision; the rest goes as
+``tcp`` when the caller passes TCP credits (the target is on another host), else as ``shm``.
 
 :func:`decode_object` is the receiving side. Pickle is used only for the
 user-object parts, after the control message passed the codec's validation,
@@ -349,8 +350,8 @@ async def decode_object(
         return _unwrap(header, None)
     if ref.transport is TransportKind.tcp:
         return _unwrap(pickle.loads(ref.header), tensors_from_frames(ref.tensors, ref.frames))
-    if ref.transport is not TransportKind.shm or ref.buffer is None:
-        raise ValueError(f"DataRef {ref.object_id}: transport {ref.transport} is not available in this runtime")
+    if ref.buffer is None:
+        raise ValueError(f"DataRef {ref.object_id}: a shm transfer without a buffer")
     from omni_trio.comm.packing import unpack_tensors
 
     info = ref.buffer.info

@@ -8,6 +8,7 @@ module-level function is accepted too and stored as its dotted path.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import attrs
@@ -57,6 +58,17 @@ def _hook_map(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: dotted_path(hook) for key, hook in value.items()}
     return value
+
+
+def _warn_cuda_ipc_option(_instance: object, _attribute: object, value: object) -> None:
+    # Accepted for configs written for SGLang-Omni; there is no CUDA IPC path for it to disable.
+    if value:
+        warnings.warn(
+            "StageConfig.disable_direct_cuda_ipc_payload is deprecated and has no effect: "
+            "there is no CUDA IPC transport (GPU tensors travel through shared memory)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
 
 
 @attrs.frozen
@@ -114,7 +126,7 @@ class StageConfig:
     stream_to: list[str] = attrs.field(factory=list, converter=name_list)
     stream_done_to_fn: str | None = attrs.field(default=None, converter=optional_dotted)
     can_accept_stream_before_payload: bool = False
-    disable_direct_cuda_ipc_payload: bool = False
+    disable_direct_cuda_ipc_payload: bool = attrs.field(default=False, validator=_warn_cuda_ipc_option)
     gpu: int | None = None
     comm: CommConfig | None = None
     restart: str = "never"

@@ -7,7 +7,6 @@ assemble their part of the pipeline with these, so both build it the same way.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from omni_trio.comm.router import TransportLogs
+from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, StageConfig
 from omni_trio.config.hooks import import_string
 from omni_trio.config.processes import host_of, joins
@@ -92,35 +91,44 @@ def connect_stages(
     bindings: BindingTable | None = None,
     transport_logs: TransportLogs | None = None,
 ) -> None:
-    """Give each stage of one process a link to every stage: local ones directly, the others
-    through the process's endpoint (a replicated one through a :class:`ReplicaLink`).
-
-    Each stage notes its sends in its :class:`TransportLog`: the endpoint's with an endpoint,
-    else ``transport_logs``'s (the one the process's coordinator link uses too)."""
+    """Give each stage of one process a link to every stage (:func:`link_to` says which link) and the
+    log it notes its sends in: the endpoint's with an endpoint, else ``transport_logs``'s (the one the
+    process's coordinator link uses too)."""
     logs = transport_logs or TransportLogs(tracer)
     for stage in stages.values():
         transports = logs.of(stage.name) if endpoint is None else endpoint.transports(stage.address)
-        links: dict[str, StageLink] = {name: LocalStageLink(other, transports) for name, other in stages.items()}
-        if endpoint is None:
-            stage.connect(links, transports=transports)
-            continue
-        for target in config.stages:
-            if target.name in stages:
-                continue
-            remote = [RemoteStageLink(endpoint, stage.address, a, bindings) for a in addresses_of(config, target.name)]
-            if bindings is not None and target.replicas > 1:
-                links[target.name] = ReplicaLink(target.name, remote, bindings)
-            else:
-                links[target.name] = remote[0]
-        stage.connect(
-            links,
-            relay_in_use=functools.partial(endpoint.relay_in_use, stage.address),
-            on_retire=functools.partial(endpoint.return_held_credits, stage.address),
-            bindings=bindings,
-            transports=transports,
-            allocator=endpoint.allocator(stage.address),
-            on_idle=endpoint.stage_idle,
-        )
+        links = {
+            target.name: link_to(config, target, stage, stages, endpoint, bindings, transports)
+            for target in config.stages
+        }
+        stage.connect(links, transports, endpoint=endpoint, bindings=bindings)
+
+
+def link_to(
+    config: PipelineConfig,
+    target: StageConfig,
+    stage: Stage,
+    here: dict[str, Stage],
+    endpoint: Endpoint | None,
+    bindings: BindingTable | None,
+    transports: TransportLog,
+) -> StageLink:
+    """The link ``stage`` sends to ``target`` on, one kind per case:
+
+    * ``target`` runs in this process (``here``): a :class:`LocalStageLink`, which calls it directly;
+    * it runs in one other process: a :class:`RemoteStageLink` through this process's endpoint;
+    * it runs replicated (``replicas > 1``, with the process's binding table): a :class:`ReplicaLink`
+      over one remote link per replica, which sends each request to the replica it is bound to.
+    """
+    if target.name in here:
+        return LocalStageLink(here[target.name], transports)
+    if endpoint is None:
+        raise ValueError(f"stage {target.name!r} runs in another process, and this one has no endpoint")
+    addresses = addresses_of(config, target.name)
+    remote = [RemoteStageLink(endpoint, stage.address, address, bindings) for address in addresses]
+    if bindings is not None and target.replicas > 1:
+        return ReplicaLink(target.name, remote, bindings)
+    return remote[0]
 
 
 def endpoint_for(

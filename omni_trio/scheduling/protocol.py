@@ -83,7 +83,7 @@ class StageScheduler(Protocol):
     nursery, see ``scheduling/on_loop.py``), and
     ``claim_result(result, terminal=...) -> bool`` with
     ``release_result(result, delivered=...)`` for schedulers that own their
-    results.
+    results (:class:`ResultOwner`).
     """
 
     @property
@@ -108,3 +108,19 @@ class StageScheduler(Protocol):
 
     def abort(self, request_id: str) -> None:
         """Drop ``request_id`` (runs on the stage's event loop: quick and thread-safe)."""
+
+
+@runtime_checkable
+class ResultOwner(Protocol):
+    """A scheduler that owns its results: the stage asks before routing one and tells when it is done.
+
+    ``claim_result`` returns False when ``result`` is not to be routed (``terminal``: it would
+    go to the caller); ``release_result`` runs once per result the stage had, claimed or dropped
+    (``delivered``: it reached its destination).
+    """
+
+    def claim_result(self, result: Any, *, terminal: bool) -> bool:
+        """Whether the stage may route ``result`` now."""
+
+    def release_result(self, result: Any, *, delivered: bool) -> None:
+        """The stage is done with ``result`` (sent when ``delivered``, else dropped or failed)."""

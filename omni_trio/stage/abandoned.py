@@ -15,7 +15,8 @@ has it); a scheduler without it reports nothing here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
+from typing import Protocol, runtime_checkable
 
 import trio
 
@@ -27,22 +28,33 @@ log = get_logger(__name__)
 STUCK_AFTER_S = 1.0
 
 
-class AbandonedComputes:
-    """Tracks the computes of one stage's dropped requests (see the module docstring)."""
+@runtime_checkable
+class ReportsComputes(Protocol):
+    """A scheduler that says which computes run (every built-in scheduler)."""
 
-    def __init__(self, stage: str, running: Callable[[], dict[str, float]] | None) -> None:
+    def running_computes(self) -> dict[str, float]:
+        """``request_id -> start time`` (``time.monotonic()``) of every compute running now."""
+
+
+class AbandonedComputes:
+    """Tracks the computes of one stage's dropped requests (see the module docstring).
+
+    ``scheduler`` is the stage's scheduler when it reports its computes, else None (nothing is tracked).
+    """
+
+    def __init__(self, stage: str, scheduler: ReportsComputes | None) -> None:
         self._stage = stage
-        self._running = running
+        self._scheduler = scheduler
         #: request id -> when it was dropped (``trio.current_time()``), only while its compute runs.
         self._dropped: dict[str, float] = {}
 
     def running(self) -> dict[str, float]:
         """``request_id -> start time`` of every compute running now (empty without the hook)."""
-        return {} if self._running is None else self._running()
+        return {} if self._scheduler is None else self._scheduler.running_computes()
 
     def dropped(self, request_id: str, nursery: trio.Nursery | None) -> None:
         """``request_id`` was dropped here: if its compute still runs, watch it (one timer, no poll)."""
-        if self._running is None or request_id not in self._running():
+        if self._scheduler is None or request_id not in self._scheduler.running_computes():
             return
         self._dropped[request_id] = trio.current_time()
         if nursery is not None:

@@ -7,23 +7,23 @@ signals first) or to the caller, and a scheduler's error as the request's failur
 A stage with more than one destination sends on lanes (see :mod:`.edges`).
 
 Which requests the stage holds or has retired, and how it holds, lets go of, clears
-or fails one, the stage passes in: the only request state kept here is the chunk
-numbering. An exception in user code (a routing hook, a projector) or in a transport
-fails only the request it belongs to.
+or fails one, the outbound side asks its stage (a :class:`RequestKeeper`): the only
+request state kept here is the chunk numbering. An exception in user code (a routing
+hook, a projector) or in a transport fails only the request it belongs to.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Awaitable, Callable, Container
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
 from omni_trio.errors import describe_error
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
-from omni_trio.scheduling.protocol import OutgoingMessage
+from omni_trio.scheduling.protocol import OutgoingMessage, ResultOwner
 from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.stage.edges import EdgeQueues
 from omni_trio.stage.links import CoordinatorLink, StageLink
@@ -32,21 +32,36 @@ from omni_trio.stage.scopes import RequestScopes
 from omni_trio.stage.sessions import check_append_route, session_operation
 from omni_trio.tracing.trace import Tracer
 
-#: A result-owning scheduler's ``claim_result(result, terminal=...)``: False when the result is not to be routed.
-Claim = Callable[..., bool]
-#: A result-owning scheduler's ``release_result(result, delivered=...)``.
-Release = Callable[..., None]
+
+class RequestKeeper(Protocol):
+    """What the outbound side asks of its stage about one request (:class:`~omni_trio.stage.stage.Stage`)."""
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the stage holds ``request_id`` (admitted, not finished or dropped)."""
+
+    def has_retired(self, request_id: str) -> bool:
+        """Whether the stage dropped ``request_id`` (aborted or failed): late output for it goes nowhere."""
+
+    def hold(self, request_id: str) -> None:
+        """Hold ``request_id`` (the scheduler admitted it)."""
+
+    def let_go(self, request_id: str) -> None:
+        """``request_id`` left the stage: its replica binding may go."""
+
+    def clear_request_state(self, request_id: str) -> None:
+        """Forget the stage's state of ``request_id`` (its result was routed)."""
+
+    async def send_failure(self, request_id: str, error: str) -> None:
+        """Fail ``request_id`` with ``error`` (a routing hook or a transport failed)."""
 
 
 class Outbound:
     """Routes one stage's outgoing messages over its links and lanes (see the module docstring).
 
-    ``active`` and ``aborted`` are the stage's own sets of the requests it holds and has
-    retired; ``hold``, ``let_go``, ``clear`` and ``fail`` are its handling of one request
-    (holding it, letting its binding go, forgetting its state, failing it). ``claim`` and
-    ``release`` are the scheduler's result hooks, when it owns its results. The links come
-    later (:meth:`connect`, as the stage's do), and the lanes once the stage runs
-    (:meth:`use_lanes`): they are tasks of its nursery.
+    ``stage`` is the :class:`RequestKeeper` whose requests these are; ``results`` the
+    scheduler, when it owns its results (:class:`~omni_trio.scheduling.protocol.ResultOwner`).
+    The links come later (:meth:`connect`, as the stage's do), and the lanes once the stage
+    runs (:meth:`use_lanes`): they are tasks of its nursery.
     """
 
     def __init__(
@@ -57,28 +72,16 @@ class Outbound:
         tracer: Tracer,
         scopes: RequestScopes,
         *,
-        active: Container[str],
-        aborted: Container[str],
-        hold: Callable[[str], None],
-        let_go: Callable[[str], None],
-        clear: Callable[[str], None],
-        fail: Callable[[str, str], Awaitable[None]],
-        claim: Claim | None,
-        release: Release | None,
+        stage: RequestKeeper,
+        results: ResultOwner | None,
     ) -> None:
         self._name = name
         self._routing = routing
         self._coordinator = coordinator
         self._tracer = tracer
         self._scopes = scopes
-        self._active = active
-        self._aborted = aborted
-        self._hold = hold
-        self._let_go = let_go
-        self._clear = clear
-        self._fail = fail
-        self._claim = claim
-        self._release = release
+        self._stage = stage
+        self._results = results
         self._links: dict[str, StageLink] = {}
         #: One send lane per destination, for a stage with more than one (see :mod:`.edges`).
         self._edges: EdgeQueues | None = None
@@ -133,30 +136,30 @@ class Outbound:
     async def _handle_outgoing(self, out: OutgoingMessage) -> None:
         request_id = out.request_id
         if out.type == "admitted":
-            if request_id not in self._aborted:
-                self._hold(request_id)
+            if not self._stage.has_retired(request_id):
+                self._stage.hold(request_id)
             return
-        if request_id not in self._active:
+        if not self._stage.holds(request_id):
             # Late output of an aborted or finished request is dropped here.
-            if out.type == "result" and self._release is not None:
-                self._release(out.data, delivered=False)
+            if out.type == "result" and self._results is not None:
+                self._results.release_result(out.data, delivered=False)
             return
         if out.type == "result":
             try:
                 await self._route_result(request_id, out.data)
             except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
-                await self._fail(request_id, f"routing the result: {describe_error(exc)}")
+                await self._stage.send_failure(request_id, f"routing the result: {describe_error(exc)}")
         elif out.type == "stream":
             # Only chunks with nowhere to go get here (see _stream_targets).
-            await self._fail(
+            await self._stage.send_failure(
                 request_id,
                 "the scheduler emitted an untargeted stream chunk, but this stage has no stream_to "
                 "and is not terminal; set stream_to or OutgoingMessage.target",
             )
         elif out.type == "error":
-            await self._fail(request_id, describe_error(out.data))
+            await self._stage.send_failure(request_id, describe_error(out.data))
         elif out.type == "kv_transfer":
-            await self._fail(request_id, "kv_transfer unsupported: omni-trio does not move KV pages")
+            await self._stage.send_failure(request_id, "kv_transfer unsupported: omni-trio does not move KV pages")
 
     async def _guarded(self, request_id: str, what: str, work: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one request's routing work in its cancel scope; errors fail only that request."""
@@ -164,7 +167,7 @@ class Outbound:
             with self._scopes.open(request_id):
                 await work(*args)
         except Exception as exc:  # noqa: BLE001 - user hooks and transports fail only this request
-            await self._fail(request_id, f"{what}: {describe_error(exc)}")
+            await self._stage.send_failure(request_id, f"{what}: {describe_error(exc)}")
 
     def _stream_targets(self, out: OutgoingMessage) -> tuple[str, ...] | None:
         """Where a stream chunk goes: its target, else every ``stream_to`` stage, else (a terminal
@@ -178,7 +181,7 @@ class Outbound:
     async def _route_stream_run(self, run: list[tuple[OutgoingMessage, tuple[str, ...]]]) -> None:
         """Send chunks in order, one call per consecutive group of one request and one destination."""
         for (rid, targets), members in itertools.groupby(run, key=lambda pair: (pair[0].request_id, pair[1])):
-            if rid in self._active:
+            if self._stage.holds(rid):
                 group = [out for out, _ in members]
                 if self._edges is None:
                     await self._guarded(rid, "sending a stream chunk", self._send_stream_group, rid, targets, group)
@@ -190,7 +193,7 @@ class Outbound:
 
     async def _lane_send(self, request_id: str, targets: tuple[str, ...], group: list[OutgoingMessage]) -> None:
         """One lane's turn: send the group unless the request was dropped while it waited."""
-        if request_id in self._active:
+        if self._stage.holds(request_id):
             send = self._send_stream_group
             await self._guarded(request_id, "sending a stream chunk", send, request_id, targets, group)
 
@@ -206,7 +209,7 @@ class Outbound:
         """``send`` as a lane runs it: in the request's scope, and not at all once the request was dropped."""
 
         async def in_turn() -> None:
-            if request_id not in self._aborted:
+            if not self._stage.has_retired(request_id):
                 with self._scopes.open(request_id):
                     await send()
 
@@ -263,13 +266,13 @@ class Outbound:
             await self._route_session(request_id, result, operation)
             return
         next_stages = self._routing.get_next(request_id, result)
-        if self._claim is not None and not self._claim(result, terminal=next_stages is None):
+        if self._results is not None and not self._results.claim_result(result, terminal=next_stages is None):
             return
         delivered = False
         try:
             with self._scopes.open(request_id):
                 await self._dispatch_result(request_id, result, next_stages)
-            if next_stages is None and request_id not in self._aborted:
+            if next_stages is None and not self._stage.has_retired(request_id):
                 # Sent after the request's state here is cleared and its scope closed:
                 # once the caller has the result, this stage holds nothing of it.
                 data = result.data if isinstance(result, StagePayload) else result
@@ -278,8 +281,8 @@ class Outbound:
                 await self._coordinator.complete(request_id, self._name, result=data)
             delivered = True
         finally:
-            if self._release is not None:
-                self._release(result, delivered=delivered)
+            if self._results is not None:
+                self._results.release_result(result, delivered=delivered)
 
     async def _route_session(self, request_id: str, result: StagePayload, operation: SessionOperation) -> None:
         """Complete a session operation here, or (a middle owner's append) end its stream to the next owner."""
@@ -291,10 +294,10 @@ class Outbound:
             # The next owner has the append since admission: it only needs to hear the stream ended.
             with self._scopes.open(request_id):
                 await self._on_edge(following, request_id, functools.partial(self._signal_done, following, request_id))
-            self._clear(request_id)
+            self._stage.clear_request_state(request_id)
             return
-        self._clear(request_id)
-        if request_id not in self._aborted:
+        self._stage.clear_request_state(request_id)
+        if not self._stage.has_retired(request_id):
             if self._edges is not None:
                 await self._edges.reached(_CALLER)  # after the request's chunks to the caller
             await self._coordinator.complete(request_id, self._name, result=result.data)
@@ -317,7 +320,7 @@ class Outbound:
                 )
             if self._name in targets and not keep_state:
                 # Routing to itself re-admits the request here: clear before, not after.
-                self._clear(request_id)
+                self._stage.clear_request_state(request_id)
                 keep_state = True
         single = len(targets) == 1
         if self._edges is None:
@@ -327,8 +330,8 @@ class Outbound:
             payloads = {target: self._payload_for(result, target) for target in targets}
             await self._send_on_lanes(request_id, done_targets, payloads, single=single)
         if not keep_state:
-            self._clear(request_id)
-        self._let_go(request_id)
+            self._stage.clear_request_state(request_id)
+        self._stage.let_go(request_id)
 
     async def _send_on_lanes(
         self, request_id: str, done_targets: list[str], payloads: dict[str, StagePayload], *, single: bool

@@ -15,7 +15,7 @@ aborts the request everywhere); the stage keeps serving.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -31,9 +31,9 @@ from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.idset import BoundedIdSet
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
-from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
+from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, ResultOwner
 from omni_trio.scheduling.session_operation import SessionOperation
-from omni_trio.stage.abandoned import AbandonedComputes
+from omni_trio.stage.abandoned import AbandonedComputes, ReportsComputes
 from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
 from omni_trio.stage.edges import EdgeQueues, edge_count
 from omni_trio.stage.inboxes import purge_inbox, queued_work
@@ -50,6 +50,23 @@ log = get_logger(__name__)
 
 #: How long a stopping stage waits for its scheduler thread, then for its drain.
 STOP_GRACE_S = 5.0
+
+
+class StageEndpoint(Protocol):
+    """What a stage asks of its process's endpoint (:class:`~omni_trio.control.endpoint.Endpoint`),
+    when it has one: each call names the sending stage by its address."""
+
+    def relay_in_use(self, sender: str) -> int:
+        """Transfers ``sender`` sent that wait for their ACK."""
+
+    def return_held_credits(self, sender: str, request_id: str) -> None:
+        """``sender`` dropped ``request_id``: give back the credits its receivers hold for it."""
+
+    def stage_idle(self) -> None:
+        """A stage let go of the last request it held."""
+
+    def allocator(self, sender: str) -> SlotAllocator:
+        """Where ``ot.empty`` in ``sender``'s compute takes its slots."""
 
 
 class Stage:
@@ -83,7 +100,8 @@ class Stage:
         self._coordinator = coordinator
         self._routing: CompiledRouting = compile_routing(config)
         self._input: InputHandler = self._build_input(config)
-        self._enqueue: Callable[[IncomingMessage], None] = getattr(scheduler, "enqueue", scheduler.inbox.put)
+        #: The scheduler takes a ``new_request`` through its own ``enqueue`` (else through its inbox).
+        self._scheduler_enqueues = callable(getattr(scheduler, "enqueue", None))
         busy = getattr(scheduler, "busy", None)
         self._busy: BusyTime | None = busy if isinstance(busy, BusyTime) else None
         self._transports: TransportLog | None = None
@@ -92,12 +110,10 @@ class Stage:
         self.aborted = BoundedIdSet()
         self._stream_open: set[str] = set()
         self._scopes = RequestScopes()
-        self._relay_in_use: Callable[[], int] = lambda: 0
-        self._on_retire: Callable[[str], None] | None = None
-        self._on_idle: Callable[[], None] | None = None
+        self._endpoint: StageEndpoint | None = None
         self._bindings: BindingTable | None = None
         self._unhealthy: str | None = None
-        self._abandoned = AbandonedComputes(self.name, getattr(scheduler, "running_computes", None))
+        self._abandoned = AbandonedComputes(self.name, scheduler if isinstance(scheduler, ReportsComputes) else None)
         self._nursery: trio.Nursery | None = None
         self._outbound = Outbound(
             self.name,
@@ -105,14 +121,8 @@ class Stage:
             coordinator,
             tracer,
             self._scopes,
-            active=self.active,
-            aborted=self.aborted,
-            hold=self._hold,
-            let_go=self._let_go,
-            clear=self.clear_request_state,
-            fail=self.send_failure,
-            claim=getattr(scheduler, "claim_result", None),
-            release=getattr(scheduler, "release_result", None),
+            stage=self,
+            results=scheduler if isinstance(scheduler, ResultOwner) else None,
         )
 
         self._stop_requested = trio.Event()
@@ -136,27 +146,23 @@ class Stage:
     def connect(
         self,
         links: dict[str, StageLink],
-        relay_in_use: Callable[[], int] | None = None,
-        on_retire: Callable[[str], None] | None = None,
+        transports: TransportLog,
+        *,
+        endpoint: StageEndpoint | None = None,
         bindings: BindingTable | None = None,
-        transports: TransportLog | None = None,
-        allocator: SlotAllocator | None = None,
-        on_idle: Callable[[], None] | None = None,
     ) -> None:
-        """Give the stage its outgoing edges (one link per stage it may send to); ``on_retire(request_id)``
-        runs when the stage drops a request (abort or failure), after its own cleanup; ``on_idle()``
-        when it let go of the last request it held (done, failed or dropped). ``bindings``
-        is the process's replica binding table: the stage holds a request's entry while it holds
-        the request. ``transports`` is the log its links (and its coordinator link) note sends in,
-        whose byte counts :meth:`stats` reports. ``allocator``: where ``ot.empty`` on the scheduler's
-        threads takes its slots."""
+        """Give the stage its outgoing edges (one link per stage it may send to). ``transports`` is the
+        log its links (and its coordinator link) note sends in, whose byte counts :meth:`stats` reports.
+
+        With its process's ``endpoint`` (a multi-process run) the stage returns the credits of a
+        request it drops (abort or failure), after its own cleanup, tells when it let go of the last
+        request it held, reports its unacknowledged transfers in :meth:`stats`, and lends
+        ``ot.empty`` on its scheduler's threads the endpoint's slots. ``bindings`` is the process's
+        replica binding table: the stage holds a request's entry while it holds the request."""
         self._outbound.connect(links)
         self._transports = transports
-        self._allocator = allocator
-        if relay_in_use is not None:
-            self._relay_in_use = relay_in_use
-        self._on_retire = on_retire
-        self._on_idle = on_idle
+        self._endpoint = endpoint
+        self._allocator = None if endpoint is None else endpoint.allocator(self.address)
         self._bindings = bindings
 
     @property
@@ -344,7 +350,7 @@ class Stage:
         self._retire(request_ids)
         for request_id in request_ids:
             self.clear_request_state(request_id)
-            self._let_go(request_id)
+            self.let_go(request_id)
 
     async def execute(self, payload: StagePayload) -> None:
         """Hand a payload to the scheduler as a ``new_request``."""
@@ -388,8 +394,14 @@ class Stage:
             return False
         return request_id not in self.aborted
 
+    def _enqueue(self, message: IncomingMessage) -> None:
+        if self._scheduler_enqueues:
+            self.scheduler.enqueue(message)
+        else:
+            self.scheduler.inbox.put(message)
+
     def _mark_active(self, request_id: str, *, payload_arrived: bool, bindings: dict[str, int] | None = None) -> None:
-        self._hold(request_id, bindings)
+        self.hold(request_id, bindings)
         if payload_arrived and self.stream_receiver:
             self._stream_open.add(request_id)
 
@@ -411,16 +423,24 @@ class Stage:
                 )
                 return False
             self._stream_open.add(request_id)
-        self._hold(request_id, bindings)
+        self.hold(request_id, bindings)
         return True
 
-    def _hold(self, request_id: str, bindings: dict[str, int] | None = None) -> None:
+    def holds(self, request_id: str) -> bool:
+        """Whether the stage holds ``request_id`` (it arrived, and is neither finished nor dropped)."""
+        return request_id in self.active
+
+    def has_retired(self, request_id: str) -> bool:
+        """Whether the stage dropped ``request_id`` (aborted or failed; remembered for a while)."""
+        return request_id in self.aborted
+
+    def hold(self, request_id: str, bindings: dict[str, int] | None = None) -> None:
         """The stage holds ``request_id`` (and with it the request's replica binding in this process)."""
         self.active.add(request_id)
         if self._bindings is not None:
             self._bindings.hold(request_id, self.name, bindings)
 
-    def _let_go(self, request_id: str) -> None:
+    def let_go(self, request_id: str) -> None:
         """The request left this stage (unless it came straight back): its binding may go."""
         if self._bindings is not None and request_id not in self.active:
             self._bindings.release(request_id, self.name)
@@ -448,15 +468,15 @@ class Stage:
                     "scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc)
                 )
             self._abandoned.dropped(request_id, self._nursery)
-            if self._on_retire is not None:
-                self._on_retire(request_id)
+            if self._endpoint is not None:
+                self._endpoint.return_held_credits(self.address, request_id)
 
     def clear_request_state(self, request_id: str) -> None:
         """Forget a request's per-stage state (after routing, failure or abort)."""
         if request_id in self.active:
             self.active.discard(request_id)
-            if not self.active and self._on_idle is not None:
-                self._on_idle()
+            if not self.active and self._endpoint is not None:
+                self._endpoint.stage_idle()
         self._input.cancel(request_id)
         self._stream_open.discard(request_id)
         self._outbound.forget(request_id)
@@ -465,7 +485,7 @@ class Stage:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
         self._retire((request_id,))
         self.clear_request_state(request_id)
-        self._let_go(request_id)
+        self.let_go(request_id)
         if self._tracer.enabled:
             self._tracer.event("stage_failed", request_id=request_id, stage=self.name, error=error)
         try:
@@ -481,7 +501,7 @@ class Stage:
             pending_fan_in=self._input.pending_count(),
             request_scopes=len(self._scopes),
             in_flight_sends=self._outbound.in_flight,
-            relay_buffers=self._relay_in_use(),
+            relay_buffers=0 if self._endpoint is None else self._endpoint.relay_in_use(self.address),
             queued_inbox=queued_work(self.scheduler.inbox),
             healthy=self._unhealthy is None and not stuck,
             busy_seconds=0.0 if self._busy is None else self._busy.seconds,
