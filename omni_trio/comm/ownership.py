@@ -12,6 +12,13 @@ records of a run carry that identity:
   the same fields, the boot id (the directory outlives a reboot, ``/dev/shm``
   does not) and the run prefix.
 
+A worker that joins a run from another host (the ``manual`` and ``ray``
+launchers) keeps a private directory of its own there: its ``owner`` file
+names the worker itself and the worker's own segment prefix
+(``<run prefix>-<index>``), so that a worker killed there leaves nothing that
+``omni-trio reclaim`` on its host cannot remove, while the rest of the run
+(which may share that ``/dev/shm``) is left alone.
+
 A run is *provably dead* when its owner's pid names no process in our pid
 namespace, or a process with another start time, or a zombie; and only then
 does :func:`reclaim_dead_runs` remove its leftovers, and only those files that
@@ -116,9 +123,13 @@ def owner_of_prefix(run_prefix: str) -> Owner | None:
     return Owner(pid, start, pidns)
 
 
-def write_owner_record(ipc_dir: Path, run_prefix: str) -> None:
-    """Record in ``ipc_dir`` which process owns the run (written whole, or not at all)."""
-    owner = owner_of_prefix(run_prefix)
+def write_owner_record(ipc_dir: Path, run_prefix: str, owner: Owner | None = None) -> None:
+    """Record in ``ipc_dir`` which process owns it and which segments go with it (written whole, or not at all).
+
+    ``owner`` defaults to the owner ``run_prefix`` names (the caller's IPC directory); a joined worker's
+    private directory names the worker and its own segment prefix (``<run prefix>-<index>``).
+    """
+    owner = owner or owner_of_prefix(run_prefix)
     if owner is None:
         return
     record = {**attrs.asdict(owner), "boot": boot_id(), "run_prefix": run_prefix}
@@ -142,7 +153,7 @@ def _read_record(ipc_dir: Path) -> tuple[Owner, str] | None:
         prefix = str(record["run_prefix"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if record.get("boot") != boot_id() or owner_of_prefix(prefix) != owner:
+    if record.get("boot") != boot_id() or _RUN_PREFIX_RE.match(prefix) is None:
         return None
     return owner, prefix
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,3 +97,10 @@ async def test_a_manual_worker_nobody_restarts_ends_the_pipeline_after_the_start
     assert START_TIMEOUT_S <= ended_at - died_at < START_TIMEOUT_S + 10
     assert not (tmp_path / "pid1").exists()  # r1 was never sent
     assert workers[0].returncode == -signal.SIGKILL
+    # The killed worker left its private directory on its host; reclaim there removes it (and
+    # its segments), as it would after an OOM kill on a real second machine.
+    (left,) = worker_tmp.glob("omnitrio-p_far-*")
+    reclaim = subprocess.run([sys.executable, "-m", "omni_trio", "reclaim", "--base", str(worker_tmp)],
+                             capture_output=True, text=True, timeout=30, check=False)
+    assert reclaim.returncode == 0 and f"removed {left}" in reclaim.stdout, reclaim.stdout + reclaim.stderr
+    assert list(worker_tmp.iterdir()) == []

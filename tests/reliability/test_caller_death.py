@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 import omni_trio as ot
-from omni_trio.comm.ownership import OWNER_FILE, Owner, boot_id, new_run_prefix
+from omni_trio.comm.ownership import OWNER_FILE, Owner, boot_id, new_run_prefix, reclaim_dead_runs, write_owner_record
 from omni_trio.comm.segments import SHM_DIR
 from omni_trio.runtime.workers.supervisor import GRACEFUL_STOP_S
 from tests.process import helpers
@@ -299,3 +299,30 @@ def test_omni_trio_reclaim_removes_only_provably_dead_runs(ipc_base: Path, capsy
         live_segment.unlink(missing_ok=True)
         (live_dir / OWNER_FILE).unlink(missing_ok=True)
         live_dir.rmdir()
+
+
+def test_a_dead_joined_workers_directory_goes_with_its_own_segments_only(ipc_base: Path) -> None:
+    """A joined worker's private directory names the worker and its own segment prefix: when the
+    worker is dead and its caller alive, reclaim removes the directory and that worker's segments,
+    and leaves the rest of the run's (the caller may share this /dev/shm)."""
+    me = Owner.current()
+    assert me is not None
+    run_prefix = new_run_prefix()  # the caller's run: this live process
+    dead_worker = Owner(me.pid, me.start - 1, me.pidns)
+    private = ipc_base / "omnitrio-p_far-x"
+    private.mkdir(mode=0o700)
+    write_owner_record(private, f"{run_prefix}-2", dead_worker)
+    workers_segment = Path(SHM_DIR) / f"{run_prefix}-2-p0"
+    callers_segment = Path(SHM_DIR) / f"{run_prefix}-0-p0"
+    for segment in (workers_segment, callers_segment):
+        segment.write_bytes(b"\0" * 4096)
+    try:
+        reclaimed = reclaim_dead_runs([ipc_base])
+        assert reclaimed.directories == [str(private)] and reclaimed.segments == [workers_segment.name]
+        assert not private.exists() and not workers_segment.exists() and callers_segment.exists()
+    finally:
+        for segment in (workers_segment, callers_segment):
+            segment.unlink(missing_ok=True)
+        if private.exists():
+            (private / OWNER_FILE).unlink(missing_ok=True)
+            private.rmdir()

@@ -29,6 +29,7 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.comm.ownership import Owner, write_owner_record
 from omni_trio.comm.segments import freeze_creation, remove_segments
 from omni_trio.config import MAIN_PROCESS, EndpointsConfig
 from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_watched, wait_dropped
@@ -93,6 +94,8 @@ async def join(join_address: str, key: KeyFile) -> None:
         # Nothing of the caller's filesystem is ours: a private directory of our own, a trace only
         # where the caller's trace directory exists here too (one machine, network namespaces).
         local_dir = tempfile.mkdtemp(prefix=f"omnitrio-{key.process}-")
+        # Ours to remove when we exit; if we are killed, `omni-trio reclaim` here removes it.
+        write_owner_record(Path(local_dir), spec.shm_prefix, Owner.current())
         trace = spec.trace_path if spec.trace_path and Path(spec.trace_path).parent.is_dir() else None
         spec = attrs.evolve(spec, ipc_dir=local_dir, trace_path=trace)
         run_policy = attrs.evolve(policy, max_message_bytes=spec.config.endpoints.max_message_bytes)
