@@ -272,39 +272,42 @@ def create_asr(max_concurrency: int = 1) -> AsrScheduler:
 class StreamingRecognizer:
     """Session hooks: one :class:`Recognizer` per session, each changed partial transcript emitted.
 
-    ``request.params["sample_rate"]`` of the open sets the session's input
-    rate (default 16 kHz). Every append feeds one chunk of PCM; an empty chunk
-    ends the stream: the final transcript is emitted (``modality`` ``"text"``,
-    with ``final`` in its dict) and the session may start over.
+    Every append feeds one chunk: samples at 16 kHz, or
+    ``{"pcm": samples, "sample_rate": rate}`` (the session's first chunk sets
+    its rate). An empty chunk ends the stream: the final transcript is emitted
+    (with ``"final": True`` in the chunk's dict) and the session starts over.
     """
 
     def __init__(self, pool: DecoderPool) -> None:
         self.pool = pool
+        self.recognizers: dict[str, Recognizer | None] = {}
         self.rates: dict[str, int] = {}
-        self.recognizers: dict[str, Recognizer] = {}
 
     def warm_up_serving_thread(self) -> None:
         """Load a decoder before the first session needs one."""
         _warm_up(self.pool)
 
     def open(self, session_id: str, request: ot.OmniRequest) -> None:
-        """Start the session's recognizer at its input rate."""
-        self.rates[session_id] = int(request.params.get("sample_rate", SAMPLE_RATE))
-        self.recognizers[session_id] = Recognizer(self.pool, self.rates[session_id])
+        """The session's recognizer starts with its first chunk, which gives the rate."""
+        self.recognizers[session_id] = None
 
     def append(self, chunk: Any, payload: ot.StagePayload, context: ot.SessionContext) -> ot.StagePayload:
         """Feed one chunk; emit the transcript so far when it changed (the final one on an empty chunk)."""
-        recognizer = self.recognizers[context.session_id]
-        final = np.asarray(chunk).size == 0 if not isinstance(chunk, torch.Tensor) else chunk.numel() == 0
+        samples, rate = (chunk["pcm"], int(chunk["sample_rate"])) if isinstance(chunk, dict) else (chunk, SAMPLE_RATE)
+        if self.rates.setdefault(context.session_id, rate) != rate:
+            raise ValueError(f"the session's audio is at {self.rates[context.session_id]} Hz, this chunk at {rate}")
+        recognizer = self.recognizers[context.session_id] or Recognizer(self.pool, rate)
+        self.recognizers[context.session_id] = recognizer
+        final = np.asarray(samples).size == 0
         if final:
             text: str | None = recognizer.finish()
             recognizer.release()
-            self.recognizers[context.session_id] = Recognizer(self.pool, self.rates[context.session_id])
+            self.recognizers[context.session_id] = None
         else:
-            text = recognizer.feed(chunk)
+            text = recognizer.feed(samples)
         heard_ms = 1000.0 * recognizer.samples_heard / SAMPLE_RATE
         if (text is not None or final) and not context.cancelled.is_set():
-            context.emit({**ot.TimedChunk(text, end_ms=heard_ms).to_dict(), "final": final})
+            context.emit({**ot.TimedChunk(recognizer.transcript, end_ms=heard_ms).to_dict(), "final": final})
         payload.data = {"transcript": recognizer.transcript, "final": final}
         return payload
 
