@@ -9,11 +9,18 @@ yet complete, the transcript so far), every append feeds one chunk of PCM (a
 torch tensor) and streams the partial transcript, and closing the session
 releases its state.
 
-Run: ``python -m examples.realtime_asr [--placement embedded|processes|mixed]``.
+``--model pocketsphinx`` swaps the toy for a real recogniser
+(:func:`examples.omni_speech.asr.create_asr_sessions`, pocketsphinx's bundled
+en-us model) and the letter tones for a sentence spoken by espeak-ng at its
+22.05 kHz: the same session shape, partial transcripts as the words form,
+and an empty chunk at the end for the final transcript.
+
+Run: ``python -m examples.realtime_asr [--placement embedded|processes|mixed] [--model toy|pocketsphinx]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import string
 from typing import Any
@@ -22,7 +29,8 @@ import torch
 import trio
 
 import omni_trio as ot
-from examples.placement import parse_placement, process_for
+from examples.omni_speech.voice import spoken
+from examples.placement import PLACEMENTS, process_for
 
 SAMPLE_RATE = 16_000
 FRAME = SAMPLE_RATE // 20  # 50 ms of audio carries one letter
@@ -89,11 +97,14 @@ def create_asr(max_open_sessions: int = 16) -> ot.SessionScheduler:
     return ot.SessionScheduler(StreamingRecogniser(), max_open_sessions=max_open_sessions)
 
 
-def make_config(placement: str = "embedded") -> ot.PipelineConfig:
-    """A single ASR stage, terminal: its partial transcripts stream to the caller."""
+#: The ASR stage's factory for each ``--model``.
+MODELS = {"toy": "examples.realtime_asr.create_asr", "pocketsphinx": "examples.omni_speech.asr.create_asr_sessions"}
+
+
+def make_config(placement: str = "embedded", model: str = "toy") -> ot.PipelineConfig:
+    """A single ASR stage (``model``: one of :data:`MODELS`), terminal: its partial transcripts stream to the caller."""
     return ot.PipelineConfig(stages=[
-        ot.StageConfig(name="asr", process=process_for(placement, "p_asr"),
-                       factory_path="examples.realtime_asr.create_asr", terminal=True),
+        ot.StageConfig(name="asr", process=process_for(placement, "p_asr"), factory_path=MODELS[model], terminal=True),
     ])
 
 
@@ -115,11 +126,40 @@ async def transcribe(pipeline: Any, speaker: str, text: str) -> list[str]:
     return partials
 
 
-async def main(placement: str = "embedded") -> None:
-    async with ot.open_pipeline(make_config(placement)) as pipeline:
-        for partial in await transcribe(pipeline, "speaker-1", "hello omni"):
-            print(repr(partial))
+async def transcribe_speech(pipeline: Any, speaker: str, audio: Any, sample_rate: int) -> list[dict[str, Any]]:
+    """Stream real speech (samples at ``sample_rate``) in 125 ms chunks through one session of the
+    pocketsphinx stage, then an empty chunk; return the emitted chunks (the last is final)."""
+    step = sample_rate // 8
+    emitted: list[dict[str, Any]] = []
+    async with pipeline.session(speaker, stages=["asr"]) as session, trio.open_nursery() as nursery:
+
+        async def microphone() -> None:
+            for start in range(0, len(audio), step):
+                await session.append({"pcm": audio[start:start + step], "sample_rate": sample_rate})
+            await session.append({"pcm": audio[:0], "sample_rate": sample_rate})  # end of speech
+            await session.close()
+
+        nursery.start_soon(microphone)
+        async for event in session.events():
+            if isinstance(event, ot.StreamMessage):
+                emitted.append(event.chunk)
+    return emitted
+
+
+async def main(placement: str, model: str) -> None:
+    async with ot.open_pipeline(make_config(placement, model)) as pipeline:
+        if model == "toy":
+            for partial in await transcribe(pipeline, "speaker-1", "hello omni"):
+                print(repr(partial))
+            return
+        audio, rate = spoken("please turn on the light in the kitchen")
+        for chunk in await transcribe_speech(pipeline, "speaker-1", audio, rate):
+            print(("final: " if chunk["final"] else "") + repr(chunk["data"]))
 
 
 if __name__ == "__main__":
-    trio.run(main, parse_placement(__doc__ or ""))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--placement", choices=PLACEMENTS, default="embedded")
+    parser.add_argument("--model", choices=list(MODELS), default="toy")
+    args = parser.parse_args()
+    trio.run(main, args.placement, args.model)
