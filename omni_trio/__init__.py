@@ -13,8 +13,8 @@ Everything users need is importable from here::
 (the pytest plugin), :mod:`omni_trio.scheduling` (the scheduler contract).
 """
 
-import warnings
-from typing import Any
+import warnings as _warnings
+from typing import Any as _Any
 
 from omni_trio import serve as serve  # the subpackage (see the docstring)
 from omni_trio.comm.alloc import empty, empty_like
@@ -141,14 +141,14 @@ __all__ = [
 
 
 #: Old public names: each still works, with a DeprecationWarning naming its replacement.
-_DEPRECATED: dict[str, tuple[Any, str]] = {
+_DEPRECATED: dict[str, tuple[_Any, str]] = {
     "Coordinator": (Pipeline, "omni_trio.Coordinator is deprecated: open_pipeline yields an omni_trio.Pipeline"),
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name in _DEPRECATED:
         value, message = _DEPRECATED[name]
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        _warnings.warn(message, DeprecationWarning, stacklevel=2)
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
