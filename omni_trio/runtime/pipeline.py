@@ -85,7 +85,7 @@ async def open_pipeline(
     killed, if they do not), and the IPC directory and shared-memory
     segments of the run are removed. A worker that dies fails every live
     request with :class:`StageProcessDied` and ends the pipeline with it,
-    unless its stages say ``restart="on-failure"``: then it is started
+    unless its process says ``restart="on-failure"`` (:class:`~omni_trio.ProcessConfig`): then it is started
     again (at most ``max_restarts`` times; new submits wait until it is
     ready) and the pipeline keeps serving.
 
