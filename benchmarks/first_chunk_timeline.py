@@ -46,7 +46,7 @@ BOUND = "OMNI_TRIO_TIMELINE_MAX_QUEUED_STREAMS"
 #: (module, qualified name, label): the runtime steps marked on the way in (``>``) and out (``<``).
 STEPS = [
     ("omni_trio.coordinator.coordinator", "Coordinator._admit", "admit"),
-    ("omni_trio.runtime.directory", "ProcessDirectory.submit", "submit"),
+    ("omni_trio.runtime.worker_placement", "WorkerPlacement.submit", "submit"),
     ("omni_trio.control.sending", "encode_object", "encode object"),
     ("omni_trio.control.sending", "encode_inline", "encode inline"),
     ("omni_trio.control.peers", "encode", "encode message"),

@@ -25,7 +25,7 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   namespace, over CURVE TCP on a veth pair (:mod:`benchmarks.tcp`; root and ``ip netns`` needed,
   else skipped with the reason); ``--only tcp`` runs the three.
 - ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
-  ``ot.serve``: time to first audio and request latency (medians) over HTTP (httpx, streaming
+  ``ot.serve_http``: time to first audio and request latency (medians) over HTTP (httpx, streaming
   ``/v1/audio/speech``) and through ``pipeline.stream`` directly, with 1 and 8 concurrent clients.
   Needs the repository root on ``sys.path`` (the demo lives in ``examples/``) and httpx (a test extra).
 

@@ -47,7 +47,7 @@ NOTES: dict[str, str] = {
 NOT_COMPARABLE: dict[str, str] = {
     "floor": "raw pyzmq and Unix socket round trips, no pipeline runtime: the same for both, not run for SGLang-Omni",
     "W9": "stage replicas: SGLang-Omni's pipeline core has no replicas of a stage, so there is nothing to compare",
-    "serve": "omni-trio's own HTTP front end (ot.serve); SGLang-Omni's server needs its model stack, not run here",
+    "serve": "omni-trio's own HTTP front end (ot.serve_http); SGLang-Omni's server needs its model stack, not run here",
     **{
         f"{w}-tcp": "across hosts over CURVE TCP: SGLang-Omni's pipeline core places its stages on one host"
         for w in ("W1", "W4", "W5")

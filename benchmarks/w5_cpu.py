@@ -27,7 +27,7 @@ async def measure(requests: int, chunks: int) -> None:
 
     firsts: list[float] = []
 
-    async def one(pipeline: ot.Coordinator, request_id: str) -> float:
+    async def one(pipeline: ot.Pipeline, request_id: str) -> float:
         """Stream one request; the milliseconds to its first chunk."""
         start = time.perf_counter()
         first = 0.0

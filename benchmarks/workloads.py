@@ -29,7 +29,7 @@ from benchmarks.measure import (
 )
 from benchmarks.stages import MB, chain_config, fanin_config, stream_config, tensor_config
 from omni_trio.config import PipelineConfig
-from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.events import StreamMessage
 from omni_trio.runtime.pipeline import open_pipeline
 
@@ -71,7 +71,7 @@ async def w3(q: bool) -> dict[str, float]:
             "elapsed_s": elapsed}
 
 
-async def concurrent_run(pipeline: Coordinator, total: int, in_flight: int, *, warmup: int) -> float:
+async def concurrent_run(pipeline: Pipeline, total: int, in_flight: int, *, warmup: int) -> float:
     """Seconds to run ``total`` requests with ``in_flight`` of them at a time, after ``warmup`` sequential ones."""
     for i in range(warmup):
         await pipeline.submit(f"warm-{i}", "x")
@@ -239,7 +239,7 @@ async def serve_bench(q: bool) -> dict[str, float]:
     import httpx
 
     from omni_trio.config import ServeConfig
-    from omni_trio.serve import serve
+    from omni_trio.serve import serve_http
 
     make_config = importlib.import_module("examples.omni_speech.pipeline").make_config
     model = "omni-speech-bench"
@@ -248,7 +248,7 @@ async def serve_bench(q: bool) -> dict[str, float]:
     rounds = {1: 2 if q else 10, 8: 1 if q else 3}
     samples: dict[str, list[tuple[float, float]]] = {}
     async with open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-        address = await nursery.start(serve, pipeline, config, "127.0.0.1", 0)
+        address = await nursery.start(serve_http, pipeline, config, "127.0.0.1", 0)
         async with httpx.AsyncClient(base_url=address.url, timeout=120,
                                      limits=httpx.Limits(max_connections=16)) as client:
             await _speak_direct(pipeline, "warm-direct")

@@ -7,8 +7,16 @@ Everything users need is importable from here::
     config = ot.PipelineConfig(entry_stage="a", stages=[ot.StageConfig(...), ...])
     async with ot.open_pipeline(config) as pipeline:
         result = await pipeline.submit("r0", "hello")
+
+``open_pipeline`` yields a :class:`Pipeline`. Subpackages are part of the public face too:
+:mod:`omni_trio.serve` (the HTTP front end, served by :func:`serve_http`), :mod:`omni_trio.testing`
+(the pytest plugin), :mod:`omni_trio.scheduling` (the scheduler contract).
 """
 
+import warnings as _warnings
+from typing import Any as _Any
+
+from omni_trio import serve as serve  # the subpackage (see the docstring)
 from omni_trio.comm.alloc import empty, empty_like
 from omni_trio.config import (
     CommConfig,
@@ -20,7 +28,7 @@ from omni_trio.config import (
     load_config,
 )
 from omni_trio.config.processes import ProcessConfig
-from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.coordinator.replicas import LeastInFlight, ReplicaLoad, ReplicaPolicy
 from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.coordinator.sessions import Session
@@ -61,7 +69,7 @@ from omni_trio.scheduling import (
     ThreadedSimpleScheduler,
     TimedChunk,
 )
-from omni_trio.serve import ServeAdapter, ServerAddress, serve
+from omni_trio.serve import ServeAdapter, ServerAddress, serve_http
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, FanInError
 from omni_trio.stage.stats import StageStats
 from omni_trio.tracing.trace import read_trace
@@ -73,7 +81,6 @@ __all__ = [
     "CompleteMessage",
     "ConfigError",
     "ConfigProblem",
-    "Coordinator",
     "DirectInput",
     "DuplicateRequestId",
     "EndpointsConfig",
@@ -86,6 +93,7 @@ __all__ = [
     "OmniTrioError",
     "Outbox",
     "OutgoingMessage",
+    "Pipeline",
     "PipelineClosed",
     "PipelineConfig",
     "PipelineHealth",
@@ -128,5 +136,19 @@ __all__ = [
     "load_config",
     "open_pipeline",
     "read_trace",
-    "serve",
+    "serve_http",
 ]
+
+
+#: Old public names: each still works, with a DeprecationWarning naming its replacement.
+_DEPRECATED: dict[str, tuple[_Any, str]] = {
+    "Coordinator": (Pipeline, "omni_trio.Coordinator is deprecated: open_pipeline yields an omni_trio.Pipeline"),
+}
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _DEPRECATED:
+        value, message = _DEPRECATED[name]
+        _warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

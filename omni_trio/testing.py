@@ -30,7 +30,7 @@ import pytest
 
 if TYPE_CHECKING:
     from omni_trio.config import PipelineConfig, StageConfig
-    from omni_trio.coordinator.coordinator import Coordinator
+    from omni_trio.coordinator.pipeline import Pipeline
     from omni_trio.coordinator.stats import PipelineStats
 
 #: ``embedded``: every stage in the caller's process (``process=None``);
@@ -114,7 +114,7 @@ async def pipeline_for(
     *,
     trace: str | os.PathLike[str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
-) -> AsyncIterator[Coordinator]:
+) -> AsyncIterator[Pipeline]:
     """Open ``config`` placed by ``placement`` (see :func:`placed`) and yield the pipeline.
 
     Start-up must finish within ``timeout`` seconds (``trio.TooSlowError``
@@ -144,7 +144,7 @@ async def pipeline_for(
 
 
 #: What ``open_omni_pipeline`` returns: ``opener(config, *, trace=None, timeout=60)``.
-PipelineOpener = Callable[..., AbstractAsyncContextManager["Coordinator"]]
+PipelineOpener = Callable[..., AbstractAsyncContextManager["Pipeline"]]
 
 
 # --------------------------------------------------------------------------- pytest plugin

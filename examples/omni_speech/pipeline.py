@@ -125,7 +125,7 @@ def request_params(
     return params
 
 
-async def speak(pipeline: ot.Coordinator, request_id: str, text: str, **params: Any) -> Speech:
+async def speak(pipeline: ot.Pipeline, request_id: str, text: str, **params: Any) -> Speech:
     """Stream one request through ``pipeline``; ``params`` as for :func:`request_params`."""
     speech = Speech(request_id, time.time_ns())
     async with pipeline.stream(request_id, text, params=request_params(**params)) as events:

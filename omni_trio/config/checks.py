@@ -12,8 +12,9 @@ import re
 from collections.abc import Sequence
 
 from omni_trio.config.hooks import did_you_mean, hook_path_problems
+from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, restart_problems
 from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
-from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, RESTART_POLICIES, StageConfig
+from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, StageConfig
 from omni_trio.errors import ConfigProblem
 
 # A worker's name names its socket and spec files: one plain path component.
@@ -116,19 +117,7 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
     if stage.comm is not None and not _is_whole(stage.comm.pool_mb, 0):
         problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
     problems += _process_problems(f"{at}.process", stage.process)
-    if stage.restart not in RESTART_POLICIES:
-        problems.append(
-            ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {stage.restart!r}")
-        )
-    if not _is_whole(stage.max_restarts, 0):
-        problems.append(
-            ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {stage.max_restarts!r}")
-        )
-    backoff = stage.restart_backoff_s
-    if not _is_seconds(backoff):
-        problems.append(
-            ConfigProblem(f"{at}.restart_backoff_s", f"expected a number of seconds >= 0, got {backoff!r}")
-        )
+    problems += restart_problems(at, stage.restart, stage.max_restarts, stage.restart_backoff_s)
     return problems + _replica_problems(at, stage)
 
 
@@ -213,6 +202,51 @@ def group_problems(stages: list[StageConfig]) -> list[ConfigProblem]:
                         f"the same process {stage.process!r}; all stages of one process share its {what}",
                     )
                 )
+    return problems
+
+
+def moved_restart_problems(stages: list[StageConfig], processes: object) -> list[ConfigProblem]:
+    """A stage's (deprecated) restart setting that contradicts its process's own, non-default one."""
+    if not isinstance(processes, dict):
+        return []
+    default = ProcessConfig()
+    problems: list[ConfigProblem] = []
+    for i, stage in enumerate(stages):
+        entry = processes.get(stage.process) if stage.process is not None else None
+        if not isinstance(entry, ProcessConfig):
+            continue
+        for field in RESTART_FIELDS:
+            mine, theirs = getattr(stage, field), getattr(entry, field)
+            if mine is not None and theirs != getattr(default, field) and mine != theirs:
+                problems.append(
+                    ConfigProblem(
+                        f"stages[{i}].{field}",
+                        f"{field}={mine!r} differs from processes[{stage.process!r}].{field}={theirs!r}; "
+                        f"set it once, on the process",
+                    )
+                )
+    return problems
+
+
+#: Fields kept for porting from SGLang-Omni that change nothing here, and why.
+NO_EFFECT = {
+    "disable_direct_cuda_ipc_payload": (
+        "accepted for porting and has no effect: omni-trio has no direct CUDA IPC payload path to disable "
+        "(tensors travel through shared memory)"
+    ),
+}
+
+
+def no_effect_problems(stages: list[StageConfig]) -> list[ConfigProblem]:
+    """One warning per porting field that some stage sets and that has no effect here, at the first
+    stage that sets it."""
+    problems: list[ConfigProblem] = []
+    for field, why in NO_EFFECT.items():
+        setting = [i for i, stage in enumerate(stages) if getattr(stage, field)]
+        if setting:
+            others = f" (and {len(setting) - 1} more stage(s))" if len(setting) > 1 else ""
+            problems.append(ConfigProblem(f"stages[{setting[0]}].{field}", f"{field}{others} is {why}",
+                                          severity="warning"))
     return problems
 
 

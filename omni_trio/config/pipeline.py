@@ -10,7 +10,7 @@ import attrs
 
 from omni_trio.config import checks
 from omni_trio.config.hooks import factory_kwarg_problems, hook_path_problems, import_problem
-from omni_trio.config.processes import ProcessConfig, processes_problems
+from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, processes_problems
 from omni_trio.config.save import save_config
 from omni_trio.config.settings import EndpointsConfig, ServeConfig, StreamDeliveryConfig
 from omni_trio.config.stages import MAIN_PROCESS, StageConfig, name_list, optional_dotted
@@ -68,6 +68,20 @@ class PipelineConfig:
         """Names of the stages with ``terminal=True``, in config order."""
         return [stage.name for stage in self.stages if stage.terminal]
 
+    def process(self, name: str) -> ProcessConfig:
+        """The settings of process ``name`` (a group's, or a replica's: ``p@r1`` is ``p``'s): its entry
+        in ``processes`` (or the defaults), with the restart policy its stages still carry (deprecated)."""
+        group = name.split("@r", 1)[0]
+        entry = self.processes.get(group, ProcessConfig())
+        moved = {
+            field: value
+            for stage in self.stages
+            if stage.process == group
+            for field in RESTART_FIELDS
+            if (value := getattr(stage, field)) is not None
+        }
+        return attrs.evolve(entry, **moved) if moved else entry
+
     def stage(self, name: str) -> StageConfig:
         """The config of the stage called ``name``."""
         for stage in self.stages:
@@ -106,6 +120,8 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += checks.serve_problems(config.serve)
     groups = {s.process: {"replicas": s.replicas} for s in config.stages if s.process}
     problems += processes_problems(config.processes, groups)
+    problems += checks.moved_restart_problems(config.stages, config.processes)
+    problems += checks.no_effect_problems(config.stages)
     problems += checks.graph_problems(config.stages, config.entry)
     return problems
 

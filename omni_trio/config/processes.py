@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
 from typing import Any
 
@@ -25,10 +26,25 @@ import attrs
 
 from omni_trio.errors import ConfigProblem
 
-__all__ = ["LAUNCHERS", "ProcessConfig", "host_of", "joins", "processes_problems", "tcp_listeners"]
+__all__ = [
+    "DEFAULT_RESTART_BACKOFF_S",
+    "LAUNCHERS",
+    "RESTART_POLICIES",
+    "ProcessConfig",
+    "host_of",
+    "joins",
+    "processes_problems",
+    "tcp_listeners",
+]
 
 #: What may start a process group: a child process here, a Ray actor, or a person / orchestrator.
 LAUNCHERS = ("local", "ray", "manual")
+#: ``ProcessConfig.restart`` values: a dead worker ends the pipeline, or is started again.
+RESTART_POLICIES = ("never", "on-failure")
+#: ``ProcessConfig.restart_backoff_s`` by default: the wait before a dead worker's first restart.
+DEFAULT_RESTART_BACKOFF_S = 0.1
+#: The settings of a process that stages may still carry (deprecated): each moves to the stage's process.
+RESTART_FIELDS = ("restart", "max_restarts", "restart_backoff_s")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 
@@ -42,12 +58,21 @@ class ProcessConfig:
     orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.runtime.remote.ray_launch`). ``host``: the
     address the process binds its control socket on and peers connect to (an IP address or a host
     name, no port); ``None``: the caller's host. ``resources`` and ``ray_address`` are for the ``ray`` launcher.
+
+    ``restart`` is the group's policy when its process dies: ``"never"`` (a death ends the pipeline)
+    or ``"on-failure"`` (the process is started again, at most ``max_restarts`` times over the
+    pipeline's life, the first time after ``restart_backoff_s`` seconds, each further attempt after
+    twice the wait of the one before). Of a replicated group, each replica restarts on its own. The
+    caller's own process (``"main"``) is never restarted.
     """
 
     launcher: str = "local"
     host: str | None = None
     resources: dict[str, float] = attrs.field(factory=dict)
     ray_address: str | None = None
+    restart: str = "never"
+    max_restarts: int = 3
+    restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
 
 
 def host_of(processes: dict[str, ProcessConfig], process: str) -> str | None:
@@ -88,6 +113,9 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
         problems.append(host)
     if name == "main" and launcher != "local":
         problems.append(ConfigProblem(f"{at}.launcher", "'main' is the caller's own process: its launcher is 'local'"))
+    if name == "main" and entry.restart != "never":
+        problems.append(ConfigProblem(f"{at}.restart", "'main' is the caller's own process: it is never restarted"))
+    problems += restart_problems(at, entry.restart, entry.max_restarts, entry.restart_backoff_s)
     if launcher == "manual" and entry.host is None:
         problems.append(ConfigProblem(f"{at}.host", "a 'manual' process needs the host it binds on"))
     if launcher == "ray" and entry.host is not None:
@@ -106,6 +134,24 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
     ):
         problems.append(ConfigProblem(f"{at}.resources", f"expected a table of resource name -> amount > 0, "
                                       f"got {entry.resources!r}"))
+    return problems
+
+
+def restart_problems(at: str, restart: object, max_restarts: object, backoff: object) -> list[ConfigProblem]:
+    """The problems of a restart policy (``None``: not set), at ``{at}.restart`` and so on."""
+    problems: list[ConfigProblem] = []
+    if restart is not None and restart not in RESTART_POLICIES:
+        problems.append(ConfigProblem(f"{at}.restart", f"expected one of {list(RESTART_POLICIES)}, got {restart!r}"))
+    if max_restarts is not None and not (
+        isinstance(max_restarts, int) and not isinstance(max_restarts, bool) and max_restarts >= 0
+    ):
+        problems.append(ConfigProblem(f"{at}.max_restarts", f"expected a whole number >= 0, got {max_restarts!r}"))
+    if backoff is not None and not (
+        isinstance(backoff, (int, float)) and not isinstance(backoff, bool) and math.isfinite(backoff) and backoff >= 0
+    ):
+        problems.append(
+            ConfigProblem(f"{at}.restart_backoff_s", f"expected a number of seconds >= 0, got {backoff!r}")
+        )
     return problems
 
 

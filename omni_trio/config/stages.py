@@ -14,11 +14,8 @@ from typing import Any
 import attrs
 
 from omni_trio.config.hooks import dotted_path
+from omni_trio.config.processes import RESTART_FIELDS
 
-#: ``StageConfig.restart`` values: a dead worker ends the pipeline, or is started again.
-RESTART_POLICIES = ("never", "on-failure")
-#: ``StageConfig.restart_backoff_s`` by default: the wait before a dead worker's first restart.
-DEFAULT_RESTART_BACKOFF_S = 0.1
 #: The process name of stages placed in the caller's process (``process=None``).
 MAIN_PROCESS = "main"
 #: The suffix of a replica's name (``voc@r1``, ``p_voc@r1``); stage names must not end in it.
@@ -95,13 +92,11 @@ class StageConfig:
     ``terminal=True`` must be given. ``factory`` holds keyword arguments for
     the factory. ``process=None`` runs the stage inside the caller's process.
 
-    ``restart`` is the policy of the stage's worker process: ``"never"`` (a
-    death ends the pipeline) or ``"on-failure"`` (the process is started
-    again, at most ``max_restarts`` times over the pipeline's life, the first
-    time after ``restart_backoff_s`` seconds, each further attempt after twice
-    the wait of the one before). It is a property of the process, so every
-    stage of one process must agree; it has no effect on a stage with
-    ``process=None``.
+    ``restart``, ``max_restarts`` and ``restart_backoff_s`` are deprecated here: they are the
+    restart policy of the stage's process, set once on its
+    :class:`~omni_trio.ProcessConfig` (``PipelineConfig.processes``). Set on a stage, they still
+    apply to its process, with a ``DeprecationWarning``; every stage of one process must then agree,
+    and agree with the process's own non-default values. ``None``: not set here.
 
     ``replicas=N`` runs the stage's whole process group in N worker
     processes, ``<process>@r0`` to ``<process>@r{N-1}``; each request is
@@ -129,12 +124,28 @@ class StageConfig:
     disable_direct_cuda_ipc_payload: bool = attrs.field(default=False, validator=_warn_cuda_ipc_option)
     gpu: int | None = None
     comm: CommConfig | None = None
-    restart: str = "never"
-    max_restarts: int = 3
-    restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
+    restart: str | None = None
+    max_restarts: int | None = None
+    restart_backoff_s: float | None = None
     replicas: int = 1
     replica_factory: list[dict[str, Any]] | None = attrs.field(default=None, converter=_optional_list)
     replica_policy: str | None = attrs.field(default=None, converter=optional_dotted)
+
+    def __attrs_post_init__(self) -> None:
+        moved = [field for field in RESTART_FIELDS if getattr(self, field) is not None]
+        if not moved:
+            return
+        settings = ", ".join(f"{field}={getattr(self, field)!r}" for field in moved)
+        if self.process is None:
+            where = "it has no effect here: the stage runs in the caller's process, which is never restarted"
+        else:
+            where = f"set it once, on processes[{self.process!r}] = ProcessConfig({settings})"
+        warnings.warn(
+            f"StageConfig {', '.join(moved)} (stage {self.name!r}) is deprecated: it is its process's restart "
+            f"policy; {where}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
     def factory_kwargs(self, replica: int) -> dict[str, Any]:
         """The ``factory`` kwargs of replica ``replica``: ``{replica}`` in strings replaced by its

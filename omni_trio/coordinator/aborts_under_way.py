@@ -2,16 +2,17 @@
 
 A failed or aborted request is dropped everywhere before its caller hears of
 it (fast-fail): :meth:`AbortsUnderWay.start` starts the abort at once (the
-directory delivers it, :mod:`omni_trio.control.aborts`), and
+placement delivers it, :mod:`omni_trio.control.aborts`), and
 :meth:`AbortsUnderWay.settled` waits for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 import trio
 
+from omni_trio.coordinator.placement import Placement
 from omni_trio.tracing.trace import get_logger
 
 __all__ = ["AbortsUnderWay"]
@@ -22,13 +23,12 @@ log = get_logger(__name__)
 class AbortsUnderWay:
     """The aborts under way, by request id.
 
-    ``abort(request_id)`` starts telling every stage to drop the request (the
-    :class:`~omni_trio.coordinator.coordinator.StageDirectory`'s ``abort``) and returns
+    ``placement.abort(request_id)`` starts telling every stage to drop the request and returns
     what to await until every stage did; the wait runs in ``nursery``.
     """
 
-    def __init__(self, abort: Callable[[str], Awaitable[None]], nursery: trio.Nursery) -> None:
-        self._abort = abort
+    def __init__(self, placement: Placement, nursery: trio.Nursery) -> None:
+        self._placement = placement
         self._nursery = nursery
         self._aborting: dict[str, trio.Event] = {}
 
@@ -39,7 +39,7 @@ class AbortsUnderWay:
         """Start (once) the abort of ``request_id``; the event fires when every stage dropped it."""
         done = self._aborting.get(request_id)
         if done is None:
-            confirmed = self._abort(request_id)
+            confirmed = self._placement.abort(request_id)
             done = self._aborting[request_id] = trio.Event()
             self._nursery.start_soon(self._run, request_id, done, confirmed)
         return done
@@ -57,7 +57,7 @@ class AbortsUnderWay:
 
     async def _run(self, request_id: str, done: trio.Event, confirmed: Awaitable[None]) -> None:
         try:
-            # Shielded (the directory bounds it): an abort must reach every stage even
+            # Shielded (the placement bounds its wait): an abort must reach every stage even
             # when the caller's scope, and with it this task, is being cancelled.
             with trio.CancelScope(shield=True):
                 await confirmed

@@ -4,8 +4,12 @@ It owns every live request: a request is admitted once (a live id cannot
 be reused), resolved exactly once (result, failure, abort or timeout), and
 every failure is broadcast as an abort so no stage keeps state for it
 (fast-fail). Stages report back through :meth:`Coordinator.on_complete` and
-:meth:`Coordinator.on_stream`, called directly in-process or by the control
-plane.
+:meth:`Coordinator.on_stream`, called directly in-process or by the runtime's
+:mod:`~omni_trio.runtime.stage_reports`.
+
+Only the runtime holds the coordinator (its hooks: stage reports, worker deaths, shutdown); the
+caller holds a :class:`~omni_trio.coordinator.pipeline.Pipeline`, which offers the caller's methods
+(submit, stream, abort, session, stats, health) and delegates them here.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, Protocol
+from collections.abc import Callable, Collection
+from typing import Any
 
 import outcome
 import trio
@@ -23,6 +27,7 @@ from omni_trio.config import PipelineConfig
 from omni_trio.config.hooks import import_string
 from omni_trio.coordinator.aborts_under_way import AbortsUnderWay
 from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
+from omni_trio.coordinator.placement import Placement
 from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.coordinator.sessions import Session, session_targets
@@ -43,39 +48,9 @@ from omni_trio.errors import (
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, StagePayload
 from omni_trio.scheduling.session_operation import SessionOperation
-from omni_trio.stage.stats import StageStats
 from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
-
-
-class StageDirectory(Protocol):
-    """How the coordinator reaches stages, wherever they run."""
-
-    async def submit(self, stage: str, payload: StagePayload) -> None:
-        """Deliver a new request to ``stage`` (the entry stage)."""
-
-    def abort(self, request_id: str) -> Awaitable[None]:
-        """Start telling every stage to drop ``request_id`` (at once: nothing waits in a task before
-        the abort is on its way); await the result to wait until every stage did."""
-
-    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
-        """Every stage's counters; :class:`~omni_trio.StatsTimeout` when a process does not answer in ``timeout`` s."""
-
-    def sent_bytes(self) -> dict[str, dict[str, int]]:
-        """Tensor bytes the coordinator sent (submitted inputs): ``{entry stage: {transport: bytes}}``."""
-
-    def health(self) -> dict[str, str]:
-        """The state of each process that runs stages (see :class:`PipelineHealth`)."""
-
-    def refused_frames(self) -> dict[str, int]:
-        """Per process, the messages refused for want of the run's proof (none without sockets)."""
-
-    def undeliverable(self) -> dict[str, int]:
-        """Per process, the messages dropped because nobody listened at a peer's path (none without sockets)."""
-
-    def superseded_messages(self) -> dict[str, int]:
-        """Per process that joined over TCP, the messages of its given-up incarnations that were dropped."""
 
 
 class Coordinator:
@@ -84,7 +59,7 @@ class Coordinator:
     def __init__(
         self,
         config: PipelineConfig,
-        directory: StageDirectory,
+        placement: Placement,
         tracer: Tracer,
         nursery: trio.Nursery,
         replicas: ReplicaDispatcher | None = None,
@@ -96,11 +71,11 @@ class Coordinator:
         self._terminals_fn: Callable[[OmniRequest], Any] | None = (
             None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
         )
-        self._directory = directory
+        self._placement = placement
         self._tracer = tracer
         self._nursery = nursery
         self._live: dict[str, LiveRequest] = {}
-        self._aborts = AbortsUnderWay(directory.abort, nursery)
+        self._aborts = AbortsUnderWay(placement, nursery)
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
@@ -194,9 +169,9 @@ class Coordinator:
         for stage in live.entry_stages:
             # One payload per stage: a stage's compute may replace its data in place.
             payload = StagePayload(live.request_id, live.request, {"raw_inputs": live.request.inputs})
-            await self._directory.submit(stage, payload)
+            await self._placement.submit(stage, payload)
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ the caller's (through Pipeline)
 
     async def submit(
         self,
@@ -291,14 +266,14 @@ class Coordinator:
         # The replicas that are down when the stages are asked, not after: a restart may end meanwhile.
         down_replicas = () if self._replicas is None else self._replicas.down()
         return PipelineStats(
-            stages=await self._directory.stats(timeout),
+            stages=await self._placement.stats(timeout),
             live_requests=len(self._live),
             rejected_requests=self._rejected,
             down_replicas=down_replicas,
-            refused_frames=self._directory.refused_frames(),
-            undeliverable=self._directory.undeliverable(),
-            superseded_messages=self._directory.superseded_messages(),
-            sent_bytes=self._directory.sent_bytes(),
+            refused_frames=self._placement.refused_frames(),
+            undeliverable=self._placement.undeliverable(),
+            superseded_messages=self._placement.superseded_messages(),
+            sent_bytes=self._placement.sent_bytes(),
             stream_backlog_bytes=self._backlog.total,
         )
 
@@ -308,7 +283,7 @@ class Coordinator:
 
     def health(self) -> PipelineHealth:
         """Whether every stage process is alive and ready; a closed pipeline has none ready."""
-        processes = self._directory.health()
+        processes = self._placement.health()
         if self._closed is not None:
             processes = dict.fromkeys(processes, "dead")
         return PipelineHealth(processes)

@@ -1,6 +1,6 @@
 """The events of one streaming request, as its caller reads them (:class:`RequestStream`).
 
-The coordinator (:meth:`omni_trio.coordinator.coordinator.Coordinator.stream`) hands a
+The coordinator (:meth:`omni_trio.Pipeline.stream`) hands a
 stream what it needs of it: how to admit and send the request, how to abort
 it, and how to wait for an abort's broadcast.
 """
@@ -27,7 +27,7 @@ log = get_logger(__name__)
 
 
 class RequestStream:
-    """The events of one streaming request (see :meth:`Coordinator.stream`).
+    """The events of one streaming request (see :meth:`omni_trio.Pipeline.stream`).
 
     ``admit`` admits the request (it raises what admission refuses), ``send``
     sends it, ``abort`` resolves it with an error and starts its abort

@@ -1,8 +1,9 @@
-"""The runtime layer: ``open_pipeline`` (:mod:`.pipeline`), what each process assembles of a pipeline
-(:mod:`.assembly`), worker supervision (:mod:`.supervisor`, :mod:`.deaths`, :mod:`.directory`), the
-launchers (local: :mod:`.launch`, :mod:`.template`; ``manual``: :mod:`.join`; ``ray``:
-:mod:`.ray_launch`; both through :mod:`.remote`) and the worker's main (:mod:`.worker`,
-:mod:`.worker_join`, told what to run by :mod:`.spec`).
+"""The runtime layer: ``open_pipeline`` (:mod:`.pipeline`), the placements the coordinator reaches the
+stages through (:mod:`.embedded`: all in the caller's trio loop; :mod:`.worker_placement`: in worker
+processes too, whose reports :mod:`.stage_reports` hands to the coordinator), what each process
+assembles of a pipeline (:mod:`.assembly`), worker deaths (:mod:`.deaths`), worker supervision and
+launchers (:mod:`.workers`: supervisor, launch, template, worker, spec; :mod:`.remote`: join,
+ray_launch, worker_join).
 
 Nothing is re-exported here: the public names come from :mod:`omni_trio`.
 """

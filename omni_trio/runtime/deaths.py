@@ -2,7 +2,7 @@
 
 Each live request ends with :class:`~omni_trio.StageProcessDied` naming the dead
 process, attributed by asking the other processes what they hold (one round trip,
-bounded by :data:`~omni_trio.runtime.directory.HOLDERS_TIMEOUT_S`): a request no
+bounded by :data:`~omni_trio.runtime.worker_placement.HOLDERS_TIMEOUT_S`): a request no
 live process holds was in the dead one, or on its way there ("lost",
 ``held_by`` None); a request another process holds is aborted there at once
 (``held_by`` names it), since it may still need the dead process. Every failed
@@ -23,7 +23,7 @@ from omni_trio.errors import StageProcessDied
 if TYPE_CHECKING:
     from omni_trio.coordinator.coordinator import Coordinator
     from omni_trio.coordinator.replicas import ReplicaDispatcher
-    from omni_trio.runtime.directory import ProcessDirectory
+    from omni_trio.runtime.worker_placement import WorkerPlacement
     from omni_trio.runtime.workers.supervisor import Worker
 
 
@@ -33,20 +33,20 @@ class WorkerDeaths:
     def __init__(
         self,
         coordinator: Coordinator,
-        directory: ProcessDirectory,
+        placement: WorkerPlacement,
         replicas: ReplicaDispatcher,
         on_fatal: Callable[[StageProcessDied], None],
     ) -> None:
         self._coordinator = coordinator
-        self._directory = directory
+        self._placement = placement
         self._replicas = replicas
         self._on_fatal = on_fatal
 
     async def _errors(self, worker: Worker) -> Callable[[str], StageProcessDied]:
         """The error of each request, once the live processes said what they hold."""
         # Its replies will never come: nothing waits for them (pending aborts included) from now on.
-        self._directory.forget(worker.name)
-        holders = await self._directory.holders()
+        self._placement.forget(worker.name)
+        holders = await self._placement.holders()
 
         def error_for(request_id: str) -> StageProcessDied:
             return StageProcessDied(

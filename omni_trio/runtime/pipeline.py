@@ -13,16 +13,14 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
 
 from omni_trio.comm.ownership import new_run_prefix, reclaim_dead_runs, write_owner_record
-from omni_trio.comm.router import COORDINATOR, TransportLog, TransportLogs
 from omni_trio.comm.segments import remove_segments
-from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS, PipelineConfig, check_imports
 from omni_trio.config.processes import host_of
 from omni_trio.config.replicas import worker_processes
@@ -30,66 +28,24 @@ from omni_trio.control.bindings import BindingTable
 from omni_trio.control.wire.auth import new_secret
 from omni_trio.control.wire.curve import new_curve_keys
 from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.errors import StageProcessDied, Terminated
-from omni_trio.payload import StagePayload
 from omni_trio.runtime.assembly import build_stages, connect_stages, endpoint_for
 from omni_trio.runtime.deaths import WorkerDeaths
-from omni_trio.runtime.directory import ProcessDirectory, serve_coordinator
+from omni_trio.runtime.embedded import run_embedded
 from omni_trio.runtime.sigterm import cancel_on_sigterm
+from omni_trio.runtime.stage_reports import route_stage_reports
+from omni_trio.runtime.worker_placement import WorkerPlacement
 from omni_trio.runtime.workers.supervisor import Supervisor, Worker
 from omni_trio.stage.links import LocalCoordinatorLink
 from omni_trio.stage.stage import Stage
-from omni_trio.stage.stats import StageStats
 from omni_trio.tracing.trace import Tracer, get_logger, trace_path_from_env
 
 log = get_logger(__name__)
 
 #: How long worker processes may take to build and warm up their stages.
 DEFAULT_START_TIMEOUT_S = 120.0
-
-
-class LocalDirectory:
-    """The coordinator's view of stages that run in its own process; ``transports`` counts what it submits."""
-
-    def __init__(self, stages: dict[str, Stage], transports: TransportLog) -> None:
-        self._stages = stages
-        self._transports = transports
-
-    async def submit(self, stage: str, payload: StagePayload) -> None:
-        """Hand a new request to the entry stage."""
-        self._transports.note("submit", stage, "local_object", tensor_bytes(payload))
-        await self._stages[stage].on_submit(payload)
-
-    def abort(self, request_id: str) -> Awaitable[None]:
-        """Every stage drops ``request_id``, at once (the result is awaited for the protocol's sake)."""
-        for stage in self._stages.values():
-            stage.on_abort(request_id)
-        return trio.lowlevel.checkpoint()
-
-    async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
-        """Every stage's counters (read at once: ``timeout`` has nothing to bound)."""
-        return {name: stage.stats() for name, stage in self._stages.items()}
-
-    def sent_bytes(self) -> dict[str, dict[str, int]]:
-        """Tensor bytes submitted, by entry stage and transport."""
-        return self._transports.sent_bytes()
-
-    def health(self) -> dict[str, str]:
-        """The caller's process is alive while it can answer."""
-        return {MAIN_PROCESS: "ready"}
-
-    def refused_frames(self) -> dict[str, int]:
-        """No sockets, nothing to refuse."""
-        return {}
-
-    def undeliverable(self) -> dict[str, int]:
-        """No sockets, nothing to drop."""
-        return {}
-
-    def superseded_messages(self) -> dict[str, int]:
-        """No worker joins, none is given up."""
-        return {}
 
 
 @asynccontextmanager
@@ -115,8 +71,8 @@ async def open_pipeline(
     *,
     trace: str | os.PathLike[str] | None = None,
     start_timeout: float = DEFAULT_START_TIMEOUT_S,
-) -> AsyncIterator[Coordinator]:
-    """Start ``config``'s stages and yield the pipeline handle; stop everything on exit.
+) -> AsyncIterator[Pipeline]:
+    """Start ``config``'s stages and yield the pipeline's :class:`~omni_trio.Pipeline`; stop everything on exit.
 
     Stages with ``process=None`` run in the caller's trio loop; stages that
     name a process run in one worker process per name, started in parallel
@@ -129,7 +85,7 @@ async def open_pipeline(
     killed, if they do not), and the IPC directory and shared-memory
     segments of the run are removed. A worker that dies fails every live
     request with :class:`StageProcessDied` and ends the pipeline with it,
-    unless its stages say ``restart="on-failure"``: then it is started
+    unless its process says ``restart="on-failure"`` (:class:`~omni_trio.ProcessConfig`): then it is started
     again (at most ``max_restarts`` times; new submits wait until it is
     ready) and the pipeline keeps serving.
 
@@ -149,10 +105,10 @@ async def open_pipeline(
                 if groups:
                     placed = _in_processes(config, groups, tracer, trace_path, start_timeout)
                 else:
-                    placed = _embedded(config, tracer)
+                    placed = run_embedded(config, tracer)
                 try:
                     async with placed as coordinator:
-                        yield coordinator
+                        yield Pipeline(coordinator)
                 except StageProcessDied:
                     # SIGTERM sent to the whole process group (a service manager's
                     # control-group stop) kills the workers too: that is the termination.
@@ -162,25 +118,6 @@ async def open_pipeline(
                 raise Terminated()
     finally:
         tracer.close()
-
-
-@asynccontextmanager
-async def _embedded(config: PipelineConfig, tracer: Tracer) -> AsyncIterator[Coordinator]:
-    async with trio.open_nursery() as nursery:
-        stages: dict[str, Stage] = {}
-        logs = TransportLogs(tracer)
-        coordinator = Coordinator(config, LocalDirectory(stages, logs.of(COORDINATOR)), tracer, nursery)
-        link = LocalCoordinatorLink(coordinator, logs.of)
-        stages.update(build_stages(config, config.stages, process=MAIN_PROCESS, tracer=tracer, coordinator=link))
-        connect_stages(config, stages, None, tracer, transport_logs=logs)
-        try:
-            for stage in stages.values():
-                await nursery.start(stage.run)
-            yield coordinator
-        finally:
-            await coordinator.close()
-            for stage in stages.values():
-                stage.stop()
 
 
 def _make_ipc_dir(config: PipelineConfig, run_prefix: str) -> Path:
@@ -242,10 +179,10 @@ async def _in_processes(
                 on_restarted=lambda worker: replicas.mark(worker.name, None),
                 start_timeout=start_timeout,
             )
-            directory = ProcessDirectory(local, endpoint, supervisor, bindings)
-            coordinator = Coordinator(config, directory, tracer, nursery, replicas)
-            deaths = WorkerDeaths(coordinator, directory, replicas, fatal)
-            serve_coordinator(coordinator, endpoint)
+            placement = WorkerPlacement(local, endpoint, supervisor, bindings)
+            coordinator = Coordinator(config, placement, tracer, nursery, replicas)
+            deaths = WorkerDeaths(coordinator, placement, replicas, fatal)
+            route_stage_reports(coordinator, endpoint)
             try:
                 await supervisor.spawn(nursery)
                 placed_here = [stage for stage in config.stages if stage.process is None]

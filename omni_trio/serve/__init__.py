@@ -1,14 +1,23 @@
 """The HTTP front end: an OpenAI-compatible server for a pipeline (see docs/serving.md).
 
-``await nursery.start(ot.serve, pipeline, config)`` serves on the caller's trio
+``await nursery.start(ot.serve_http, pipeline, config)`` serves on the caller's trio
 loop; ``omni-trio serve CONFIG`` does the same from the command line. The web
 stack (Starlette, hypercorn) is imported only when a server starts, so worker
 processes never load it.
+
+``omni_trio.serve`` is this package. It was once the function, so calling it
+(``ot.serve(pipeline, config)``, ``nursery.start(ot.serve, ...)``) still runs
+:func:`serve_http`, with a ``DeprecationWarning``; so does the old name
+``omni_trio.serve.serve``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+import types
+import warnings
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,11 +28,11 @@ from omni_trio.serve.schemas import ChatAudio, ChatMessage, ChatRequest, SpeechR
 
 if TYPE_CHECKING:
     from omni_trio.config import PipelineConfig, ServeConfig
-    from omni_trio.coordinator.coordinator import Coordinator
+    from omni_trio.coordinator.pipeline import Pipeline
 
 
-async def serve(
-    pipeline: Coordinator,
+async def serve_http(
+    pipeline: Pipeline,
     config: PipelineConfig | ServeConfig,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -35,7 +44,7 @@ async def serve(
 
     ``config`` is the pipeline's config (its ``serve`` table is used) or a
     :class:`~omni_trio.ServeConfig`. Start it with
-    ``address = await nursery.start(ot.serve, pipeline, config, host, port)``:
+    ``address = await nursery.start(ot.serve_http, pipeline, config, host, port)``:
     ``address`` is the bound :class:`ServerAddress` (``port=0`` picks a free port). Once
     ``shutdown`` is set the server stops accepting connections and gives
     requests in flight ``grace_period_s`` to finish; those still running
@@ -59,6 +68,29 @@ __all__ = [
     "decode_wav",
     "pcm16",
     "resample",
-    "serve",
+    "serve_http",
     "wav_header",
 ]
+
+
+_RENAMED = "omni_trio.serve is the serving package; call omni_trio.serve_http(pipeline, config, ...) instead"
+
+
+def __getattr__(name: str) -> Any:
+    # The function's old name inside the package: ``from omni_trio.serve import serve``.
+    if name == "serve":
+        warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+        return serve_http
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _CallableModule(types.ModuleType):
+    """This package's module type: calling the package runs :func:`serve_http`, deprecated (see the
+    module docstring)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, None]:
+        warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+        return serve_http(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

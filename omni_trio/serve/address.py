@@ -7,7 +7,7 @@ import attrs
 
 @attrs.frozen
 class ServerAddress:
-    """The host and port a server is bound to (what ``nursery.start(ot.serve, ...)`` returns)."""
+    """The host and port a server is bound to (what ``nursery.start(ot.serve_http, ...)`` returns)."""
 
     host: str
     port: int

@@ -19,7 +19,7 @@ import outcome
 import trio
 from starlette.requests import Request
 
-from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.errors import (
     OmniTrioError,
@@ -139,7 +139,7 @@ class Answer:
 
     @classmethod
     async def start(
-        cls, pipeline: Coordinator, adapter: ServeAdapter, rid: str, given: PipelineInput, deadline: float | None
+        cls, pipeline: Pipeline, adapter: ServeAdapter, rid: str, given: PipelineInput, deadline: float | None
     ) -> Answer:
         """Admit the request and wait for its first event; pipeline errors are raised as they are."""
         stream = pipeline.stream(rid, given.inputs, params=given.params, deadline=deadline)

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from omni_trio.config import ServeConfig
-from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.errors import OmniTrioError, describe_error
 from omni_trio.serve.adapter import Completion, PipelineInput, ServeAdapter
 from omni_trio.serve.answers import (
@@ -68,7 +68,7 @@ def _b64(data: bytes) -> str:
 class OpenAIApp:
     """The routes of one server, bound to one pipeline and its adapter."""
 
-    def __init__(self, pipeline: Coordinator, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics) -> None:
+    def __init__(self, pipeline: Pipeline, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics) -> None:
         self._pipeline = pipeline
         self._config = config
         self._adapter = adapter

@@ -12,7 +12,7 @@ import trio
 from omni_trio.config import PipelineConfig
 from omni_trio.runtime.heap import freeze_startup_heap
 from omni_trio.runtime.pipeline import open_pipeline
-from omni_trio.serve import serve
+from omni_trio.serve import serve_http
 from omni_trio.serve.server import serve_config_of
 
 
@@ -41,7 +41,7 @@ async def serve_until_signalled(
 
             outer.start_soon(on_signal)
             async with open_pipeline(config, trace=trace) as pipeline, trio.open_nursery() as server:
-                address = await server.start(functools.partial(serve, pipeline, config, host=host, port=port,
+                address = await server.start(functools.partial(serve_http, pipeline, config, host=host, port=port,
                                                                shutdown=shutdown))
                 listening = True
                 # This process is ours: its start-up heap (torch, the app) leaves the full collections.

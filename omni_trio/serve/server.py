@@ -1,4 +1,4 @@
-"""The OpenAI app on hypercorn's trio worker, inside the caller's trio loop (``ot.serve`` runs it)."""
+"""The OpenAI app on hypercorn's trio worker, inside the caller's trio loop (``ot.serve_http`` runs it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from omni_trio.config import PipelineConfig, ServeConfig
 from omni_trio.config.hooks import import_string
-from omni_trio.coordinator.coordinator import Coordinator
+from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.serve.adapter import ServeAdapter
 from omni_trio.serve.address import ServerAddress
@@ -37,14 +37,14 @@ def build_adapter(config: ServeConfig) -> ServeAdapter:
 
 
 async def run_server(
-    pipeline: Coordinator,
+    pipeline: Pipeline,
     config: PipelineConfig | ServeConfig,
     host: str,
     port: int,
     shutdown: trio.Event | None,
     task_status: trio.TaskStatus[ServerAddress],
 ) -> None:
-    """What :func:`omni_trio.serve` does (imported only when a server starts)."""
+    """What :func:`omni_trio.serve_http` does (imported only when a server starts)."""
     serve_config = serve_config_of(config)
     app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics())
     hypercorn = HypercornConfig()

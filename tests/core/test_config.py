@@ -105,3 +105,19 @@ async def test_imports_and_factory_arguments_are_checked_when_the_pipeline_opens
     assert "stages[0].factory['tga']: the factory does not accept 'tga'; did you mean 'tag'?" in problems
     assert any(p.startswith("stages[0].route_fn: cannot import 'tests.stages.no_such_fn'") for p in problems)
     assert any(p.startswith("stages[1].factory_path: cannot import 'tests.stages.no_such_factory'") for p in problems)
+
+
+def test_a_porting_field_without_effect_is_named_once_at_load() -> None:
+    from omni_trio.config.pipeline import validate
+
+    config = ot.PipelineConfig(
+        stages=[
+            stage("a", "create_append", next="b", disable_direct_cuda_ipc_payload=True),
+            stage("b", "create_append", terminal=True, disable_direct_cuda_ipc_payload=True),
+        ]
+    )
+    warned = [problem for problem in validate(config) if problem.severity == "warning"]
+    assert [problem.path for problem in warned] == ["stages[0].disable_direct_cuda_ipc_payload"]
+    assert "(and 1 more stage(s)) is accepted for porting and has no effect" in warned[0].message
+    unset = ot.PipelineConfig(stages=[stage("a", "create_append", terminal=True)])
+    assert [problem for problem in validate(unset) if problem.severity == "warning"] == []

@@ -9,7 +9,7 @@ import omni_trio as ot
 from tests.placement import build, stage
 
 
-async def expect_failure(pipeline: ot.Coordinator, request_id: str, inputs: str) -> ot.RequestFailed:
+async def expect_failure(pipeline: ot.Pipeline, request_id: str, inputs: str) -> ot.RequestFailed:
     with pytest.raises(ot.RequestFailed) as info:
         await pipeline.submit(request_id, inputs)
     return info.value

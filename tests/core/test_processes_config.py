@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,74 @@ def test_an_edge_between_workers_across_hosts_is_accepted_and_its_local_end_list
     # 'local' sends to the far worker, 'back' receives from it: both listen; 'alone' talks to 'back' only.
     assert tcp_listeners(config.processes, process_edges(config)) == {"local", "back"}
     assert joins(config.processes, "far") and not joins(config.processes, "local")
+
+
+def test_the_restart_policy_is_set_once_on_the_process() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the new spelling warns about nothing
+        config = ot.PipelineConfig(
+            stages=[
+                stage("a", "create_append", process="front", next="b"),
+                stage("b", "create_append", process="back", terminal=True),
+            ],
+            processes={"back": ot.ProcessConfig(restart="on-failure", max_restarts=2, restart_backoff_s=0.5)},
+        )
+    back = config.process("back")
+    assert (back.restart, back.max_restarts, back.restart_backoff_s) == ("on-failure", 2, 0.5)
+    assert config.process("back@r1") == back  # a replica restarts by its group's policy
+    assert config.process("front") == ot.ProcessConfig()  # not listed: the defaults, never restarted
+
+
+def test_a_stage_level_restart_policy_warns_and_moves_to_its_process() -> None:
+    with pytest.warns(DeprecationWarning, match=r"processes\['back'\] = ProcessConfig\(restart='on-failure'"):
+        config = ot.PipelineConfig(
+            stages=[
+                stage("a", "create_append", next="b"),
+                stage("b", "create_append", process="back", terminal=True, restart="on-failure", max_restarts=2),
+            ],
+        )
+    back = config.process("back")
+    assert (back.restart, back.max_restarts, back.restart_backoff_s) == ("on-failure", 2, 0.1)
+
+
+def test_a_stage_level_restart_policy_that_contradicts_its_process_is_an_error() -> None:
+    with pytest.warns(DeprecationWarning), pytest.raises(ot.ConfigError) as error:
+        ot.PipelineConfig(
+            stages=[
+                stage("a", "create_append", next="b"),
+                stage("b", "create_append", process="back", terminal=True, max_restarts=5),
+            ],
+            processes={"back": ot.ProcessConfig(restart="on-failure", max_restarts=2)},
+        )
+    (problem,) = error.value.problems
+    assert problem.path == "stages[1].max_restarts"
+    assert "differs from processes['back'].max_restarts=2" in problem.message
+
+
+def test_process_restart_settings_are_validated() -> None:
+    with pytest.raises(ot.ConfigError) as error:
+        ot.PipelineConfig(
+            stages=[stage("a", "create_append", process="p", terminal=True)],
+            processes={
+                "main": ot.ProcessConfig(restart="on-failure"),
+                "p": ot.ProcessConfig(restart="always", max_restarts=-1, restart_backoff_s=float("nan")),
+            },
+        )
+    assert sorted(problem.path for problem in error.value.problems) == [
+        "processes['main'].restart",
+        "processes['p'].max_restarts",
+        "processes['p'].restart",
+        "processes['p'].restart_backoff_s",
+    ]
+
+
+def test_the_restart_policy_in_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(
+        '[[stages]]\nname = "a"\nfactory_path = "tests.stages.create_append"\nprocess = "p"\nterminal = true\n'
+        '[processes.p]\nrestart = "on-failure"\nmax_restarts = 1\n'
+    )
+    config = ot.load_config(path)
+    assert (config.process("p").restart, config.process("p").max_restarts) == ("on-failure", 1)
+    config.to_file(tmp_path / "again.toml")
+    assert ot.load_config(tmp_path / "again.toml") == config

@@ -149,7 +149,7 @@ async def wait_for_file(path: Path, timeout: float = 20.0) -> str:
 
 
 async def submit_and_kill(
-    pipeline: ot.Coordinator, request_id: str, pid_file: Path, *, returncode: int | None = -signal.SIGKILL
+    pipeline: ot.Pipeline, request_id: str, pid_file: Path, *, returncode: int | None = -signal.SIGKILL
 ) -> int:
     """Submit ``request_id`` (it blocks in the blocker stage of process ``p_block``, which writes its pid to
     ``pid_file``), SIGKILL that process once it holds the request, and check that the request fails with

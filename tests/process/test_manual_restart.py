@@ -62,7 +62,7 @@ async def test_a_manual_worker_nobody_restarts_ends_the_pipeline_after_the_start
         argv = [sys.executable, "-m", "omni_trio", "worker", "--join", KeyFile.read(key).join, "--key", str(key)]
         workers.append(await trio.lowlevel.open_process(argv, env=env))
 
-    async def submit(pipeline: ot.Coordinator, request_id: str, pid_file: Path) -> None:
+    async def submit(pipeline: ot.Pipeline, request_id: str, pid_file: Path) -> None:
         with pytest.raises(ot.StageProcessDied) as died:
             await pipeline.submit(request_id, "x", params={"pid_file": str(pid_file)})
         failed.append((died.value.process, time.monotonic()))

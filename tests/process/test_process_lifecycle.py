@@ -24,7 +24,7 @@ from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, Tran
 from omni_trio.control import dispatch as dispatch_module
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.codec import encode
-from omni_trio.runtime import directory as directory_module
+from omni_trio.runtime import worker_placement as placement_module
 from omni_trio.runtime.workers import supervisor as supervisor_module
 from tests.placement import stage
 from tests.process import helpers
@@ -43,7 +43,7 @@ async def test_sigkilled_worker_fails_its_requests_within_a_second(ipc_base: Pat
     failures: dict[str, tuple[ot.StageProcessDied, float]] = {}
     pid_file = tmp_path / "pid"  # written by whichever request the blocker takes first
 
-    async def submit(pipeline: ot.Coordinator, request_id: str) -> None:
+    async def submit(pipeline: ot.Pipeline, request_id: str) -> None:
         try:
             await pipeline.submit(request_id, "x", params={"pid_file": str(pid_file)})
         except ot.StageProcessDied as exc:
@@ -259,7 +259,7 @@ async def test_caller_exception_propagates_unchanged_and_workers_stop(ipc_base: 
     seen: list[BaseException] = []
     in_flight: list[BaseException] = []
 
-    async def submit(pipeline: ot.Coordinator) -> None:
+    async def submit(pipeline: ot.Pipeline) -> None:
         try:
             await pipeline.submit("r0", "x", params={"pid_file": str(tmp_path / "pid")})
         except ot.RequestAborted as exc:
@@ -302,7 +302,7 @@ async def test_caller_exception_group_propagates_unchanged(ipc_base: Path) -> No
 def short_stop_timeouts(monkeypatch: pytest.MonkeyPatch) -> float:
     """Shorter waits for abort confirmations and graceful worker exits, so that a shutdown that
     misses them is both detectable and quick; returns the time a clean shutdown must beat."""
-    monkeypatch.setattr(directory_module, "ABORT_ACK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(placement_module, "ABORT_ACK_TIMEOUT_S", 1.0)
     monkeypatch.setattr(supervisor_module, "GRACEFUL_STOP_S", 3.0)
     monkeypatch.setattr(supervisor_module, "FIRM_STOP_S", 1.0)
     return 2.5
@@ -342,7 +342,7 @@ async def test_a_dead_worker_stops_the_other_workers_cleanly(
     )
     lost: list[ot.StageProcessDied] = []
 
-    async def submit(pipeline: ot.Coordinator) -> None:
+    async def submit(pipeline: ot.Pipeline) -> None:
         try:
             await pipeline.submit("r0", "x", params={"pid_file": str(tmp_path / "pid")})
         except ot.StageProcessDied as exc:

@@ -89,14 +89,14 @@ async def test_every_chunk_of_a_request_reaches_one_replica_and_load_spreads(
     assert {"voc@r0", "voc@r1", "p_voc@r0", "p_voc@r1"} <= names
 
 
-async def held(pipeline: ot.Coordinator, nursery: trio.Nursery, rid: str, folder: Path) -> tuple[int, int]:
+async def held(pipeline: ot.Pipeline, nursery: trio.Nursery, rid: str, folder: Path) -> tuple[int, int]:
     """Start ``rid`` (it blocks in its replica) and return ``(replica, pid)`` once the replica computes it."""
     start(pipeline, nursery, rid, folder)
     replica, pid = (await helpers.wait_for_file(folder / rid)).split()
     return int(replica), int(pid)
 
 
-def start(pipeline: ot.Coordinator, nursery: trio.Nursery, rid: str, folder: Path) -> None:
+def start(pipeline: ot.Pipeline, nursery: trio.Nursery, rid: str, folder: Path) -> None:
     """Start ``rid``; its end (aborted, or failed by a dead replica) is expected."""
 
     async def run() -> None:

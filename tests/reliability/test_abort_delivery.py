@@ -30,7 +30,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.runtime import directory as directory_module
+from omni_trio.runtime import worker_placement as placement_module
 from tests.process import helpers
 from tests.reliability.abort_stages import HOG, read_starts
 
@@ -46,7 +46,7 @@ CONFIRM_WAIT_S = 20.0
 
 @pytest.fixture(autouse=True)
 def long_confirm_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(directory_module, "ABORT_ACK_TIMEOUT_S", CONFIRM_WAIT_S)
+    monkeypatch.setattr(placement_module, "ABORT_ACK_TIMEOUT_S", CONFIRM_WAIT_S)
 
 
 def chain_config(base: Path, *, hog_s: float = 0.0, **b_kwargs: float) -> ot.PipelineConfig:
@@ -84,7 +84,7 @@ async def wait_for_lines(path: Path, count: int, timeout: float = 30.0) -> None:
 
 
 async def storm(
-    pipeline: ot.Coordinator, seed: int, in_flight: Path, before_aborts: Callable[[], Awaitable[object]]
+    pipeline: ot.Pipeline, seed: int, in_flight: Path, before_aborts: Callable[[], Awaitable[object]]
 ) -> tuple[dict[str, Any], dict[str, float], list[float]]:
     """Submit N requests at once and, once every one has reached the stage logging to ``in_flight``
     and ``before_aborts()`` returned, abort 95 % of them all together.

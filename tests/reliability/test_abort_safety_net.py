@@ -26,7 +26,7 @@ from tests.process import helpers
 
 
 async def wait_stats(
-    pipeline: ot.Coordinator, within_s: float, done: Callable[[ot.PipelineStats], bool]
+    pipeline: ot.Pipeline, within_s: float, done: Callable[[ot.PipelineStats], bool]
 ) -> ot.PipelineStats:
     """``stats()`` once ``done(stats)`` (bounded polling: what it waits for happens in worker processes)."""
     with trio.fail_after(within_s):

@@ -25,7 +25,7 @@ async def test_request_beyond_max_pending_fails_clearly_and_the_others_complete(
     results: dict[str, object] = {}
     refused: list[ot.RequestFailed] = []
 
-    async def submit(pipeline: ot.Coordinator, request_id: str) -> None:
+    async def submit(pipeline: ot.Pipeline, request_id: str) -> None:
         try:
             results[request_id] = await pipeline.submit(request_id, request_id)
         except ot.RequestFailed as exc:

@@ -92,7 +92,7 @@ class RssMonitor:
         return "; ".join(parts)
 
 
-async def stream_and_watch(pipeline: ot.Coordinator, rid: str, params: dict[str, Any]) -> tuple[Any, RssMonitor]:
+async def stream_and_watch(pipeline: ot.Pipeline, rid: str, params: dict[str, Any]) -> tuple[Any, RssMonitor]:
     # Warm up first (torch imported and the paths used in both workers) so the baseline is fair.
     await pipeline.submit(f"{rid}-warm-up", "x", params={"chunks": 4})
     monitor = RssMonitor()

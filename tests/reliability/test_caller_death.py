@@ -230,7 +230,7 @@ async def test_sigterm_in_process_ends_every_open_pipeline_then_restores_the_def
     )
     outcomes: list[str] = []
 
-    async def submit(pipeline: ot.Coordinator, rid: str) -> None:
+    async def submit(pipeline: ot.Pipeline, rid: str) -> None:
         try:
             await pipeline.submit(rid, "x")
         except trio.Cancelled:

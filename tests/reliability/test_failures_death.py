@@ -33,7 +33,7 @@ def death_config(base: Path, **b_options: Any) -> ot.PipelineConfig:
     )
 
 
-async def kill_b_with_r1_in_a_and_r2_in_b(pipeline: ot.Coordinator, tmp_path: Path) -> dict[str, Any]:
+async def kill_b_with_r1_in_a_and_r2_in_b(pipeline: ot.Pipeline, tmp_path: Path) -> dict[str, Any]:
     """Run r1 (held by a) and r2 (in b), SIGKILL p_b; return each request's error and when it came."""
     errors: dict[str, Any] = {}
 

@@ -77,7 +77,7 @@ def _worker_pid() -> int:
     return pid
 
 
-async def _refused(pipeline: ot.Coordinator, want: dict[str, int]) -> dict[str, int]:
+async def _refused(pipeline: ot.Pipeline, want: dict[str, int]) -> dict[str, int]:
     """Wait until every process in ``want`` refused at least that many frames; return the counts."""
     while True:
         counts = (await pipeline.stats()).refused_frames

@@ -47,7 +47,7 @@ def rss_all() -> dict[str, float]:
     return found
 
 
-async def latencies(pipeline: ot.Coordinator, prefix: str, n: int) -> list[float]:
+async def latencies(pipeline: ot.Pipeline, prefix: str, n: int) -> list[float]:
     """``n`` requests one after the other; each one's latency in seconds."""
     taken = []
     for i in range(n):

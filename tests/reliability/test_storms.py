@@ -30,7 +30,7 @@ CHUNKS = 20
 CHUNK_NUMEL = 8192  # float32: 32 KiB per chunk, over the 16 KiB inline limit, so every chunk goes by shm
 
 
-async def settle_idle(pipeline: ot.Coordinator, within_s: float = 2.0) -> int:
+async def settle_idle(pipeline: ot.Pipeline, within_s: float = 2.0) -> int:
     """Wait until ``stats()`` is idle (at most ``within_s``); return how many polls were not idle.
 
     FINDING (docs/reliability.md, "stats race"): right after a storm of aborted shared-memory streams,
@@ -75,14 +75,14 @@ async def test_abort_storm_fan_out_fan_in(ipc_base: Path) -> None:
     outcomes: dict[str, Any] = {}
     abort_returned: dict[str, bool] = {}
 
-    async def run_one(pipeline: ot.Coordinator, rid: str) -> None:
+    async def run_one(pipeline: ot.Pipeline, rid: str) -> None:
         try:
             outcomes[rid] = await pipeline.submit(rid, texts[rid])
         except ot.RequestAborted as exc:
             assert exc.request_id == rid
             outcomes[rid] = exc
 
-    async def abort_later(pipeline: ot.Coordinator, rid: str) -> None:
+    async def abort_later(pipeline: ot.Pipeline, rid: str) -> None:
         await trio.sleep(delays[rid])
         abort_returned[rid] = await pipeline.abort(rid)
 
@@ -140,7 +140,7 @@ async def test_abort_storm_mid_stream_over_shared_memory(ipc_base: Path) -> None
         ], "processes"),
     )
 
-    async def run_one(pipeline: ot.Coordinator, rid: str) -> None:
+    async def run_one(pipeline: ot.Pipeline, rid: str) -> None:
         sums: list[tuple[int, float]] = []
         results: list[Any] = []
         try:

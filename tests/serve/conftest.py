@@ -30,7 +30,7 @@ class SpeechServer:
     """The running server: its URL, and a way into its loop."""
 
     url: str
-    pipeline: ot.Coordinator
+    pipeline: ot.Pipeline
     token: trio.lowlevel.TrioToken
 
     def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -54,7 +54,7 @@ class SpeechServer:
 
 @pytest.fixture(scope="module")
 def speech_server() -> Iterator[SpeechServer]:
-    """The embedded demo pipeline behind ``ot.serve`` on a free port."""
+    """The embedded demo pipeline behind ``ot.serve_http`` on a free port."""
     config = attrs.evolve(
         make_config("embedded"),
         max_in_flight=16,
@@ -69,7 +69,7 @@ def speech_server() -> Iterator[SpeechServer]:
     async def main() -> None:
         with trio.fail_after(600):  # the whole module's tests
             async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-                address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+                address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
                 server.append(SpeechServer(address.url, pipeline, trio.lowlevel.current_trio_token()))
                 stop.append(trio.Event())
                 started.set()

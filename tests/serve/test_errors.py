@@ -53,7 +53,7 @@ async def test_every_error_code(placement: str) -> None:
     config = _config(placement)
     with trio.fail_after(60):
         async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-            address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+            address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
             async with httpx.AsyncClient(base_url=address.url) as client:
                 ok = await client.post(CHAT, json=_chat("hi"))
                 assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "slow"
@@ -109,7 +109,7 @@ async def test_shutdown_lets_requests_finish_within_the_grace_period_then_aborts
         async with ot.open_pipeline(config) as pipeline:
             shutdown = trio.Event()
             async with trio.open_nursery() as nursery:
-                address = await nursery.start(functools.partial(ot.serve, pipeline, config, "127.0.0.1", 0,
+                address = await nursery.start(functools.partial(ot.serve_http, pipeline, config, "127.0.0.1", 0,
                                                                 shutdown=shutdown))
                 outcomes: list[str] = []
 
@@ -135,7 +135,7 @@ async def test_a_client_leaving_mid_stream_aborts_its_request_everywhere(placeme
                    serve=ot.ServeConfig(model="toy", adapter="tests.serve.adapters.TrailAdapter"))
     with trio.fail_after(60):
         async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-            address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+            address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
             async with httpx.AsyncClient(base_url=address.url, timeout=None) as client:
                 async with client.stream("POST", CHAT, json=_chat("hi", stream=True)) as response:
                     lines = response.aiter_lines()

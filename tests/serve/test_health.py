@@ -43,7 +43,7 @@ async def _dead_replica(base: Path) -> None:
     )
     with trio.fail_after(90):
         async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-            address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+            address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
             async with httpx.AsyncClient(base_url=address.url, timeout=60) as client:
                 assert (await client.get("/health")).status_code == 200
                 statuses: list[int] = []

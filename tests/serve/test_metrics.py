@@ -80,7 +80,7 @@ async def test_metrics_count_each_stages_compute_and_each_edges_bytes(placement:
         trace = base / "run.jsonl"
         with trio.fail_after(240):
             async with ot.open_pipeline(config, trace=trace) as pipeline, trio.open_nursery() as nursery:
-                address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+                address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
                 client = openai.AsyncOpenAI(base_url=f"{address.url}/v1", api_key="unused", max_retries=0,
                                             timeout=120)
                 async with client.audio.speech.with_streaming_response.create(
@@ -157,7 +157,7 @@ async def test_a_client_leaving_mid_stream_leaves_no_shared_memory() -> None:
         }
         with trio.fail_after(240):
             async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-                address = await nursery.start(ot.serve, pipeline, config, "127.0.0.1", 0)
+                address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
                 async with httpx.AsyncClient(base_url=address.url, timeout=None) as client:
                     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                         lines = response.aiter_lines()

@@ -109,7 +109,7 @@ async def test_a_request_left_live_fails_the_idle_check() -> None:
     config = {"stages": [{"name": "slow", "factory_path": "tests.stages.create_block_until_aborted", "terminal": True}]}
     outcome: list[BaseException] = []
 
-    async def submit(pipeline: ot.Coordinator) -> None:
+    async def submit(pipeline: ot.Pipeline) -> None:
         try:
             await pipeline.submit("left-live", "x")
         except ot.RequestAborted as exc:

@@ -8,10 +8,10 @@ aborts arrive too, is bound by then, so no abort can be missed). Shutdown
 is graceful (``Shutdown``, stages drain), then firm (terminate, then kill),
 all processes in parallel, never blocking the trio loop.
 
-A process whose stages say ``restart="on-failure"`` is started again after
+A process whose :class:`~omni_trio.ProcessConfig` says ``restart="on-failure"`` is started again after
 it died (same name, same socket path; peers' PUSH sockets reconnect on their
 own), after an exponential backoff, at most ``max_restarts`` times over the
-pipeline's life (the first wait is the stages' ``restart_backoff_s``). Each
+pipeline's life (the first wait is its ``restart_backoff_s``). Each
 attempt goes through the same readiness handshake. A ``manual`` or ``ray``
 group's worker is started again its launcher's way (:mod:`omni_trio.runtime.remote.launchers`)
 and joins as a new incarnation.
@@ -34,7 +34,7 @@ import attrs
 import trio
 
 from omni_trio.comm.segments import remove_segments
-from omni_trio.config import PipelineConfig, StageConfig, process_edges
+from omni_trio.config import PipelineConfig, process_edges
 from omni_trio.config.processes import host_of, joins, tcp_listeners
 from omni_trio.config.replicas import split_replica
 from omni_trio.control.endpoint import Endpoint
@@ -130,7 +130,7 @@ class Supervisor:
         #: its segments never collide with those its dead predecessor left behind.
         self._next_index = len(groups) + 1
         self._policy = {name: self._restart_policy(name) for name in groups}
-        self._backoff = {name: self._stage_of(name).restart_backoff_s for name in groups}
+        self._backoff = {name: config.process(name).restart_backoff_s for name in groups}
         self._restarts = dict.fromkeys(groups, 0)
         #: Processes being restarted, each with the event set when that is over (either way).
         self._restarting: dict[str, trio.Event] = {}
@@ -144,15 +144,10 @@ class Supervisor:
         endpoint.on(m.Ready, self._on_ready)
         self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
 
-    def _stage_of(self, process: str) -> StageConfig:
-        """A stage of ``process``: config validation made them agree on the group's settings."""
-        group = split_replica(process)[0]
-        return next(s for s in self._config.stages if s.process == group)
-
     def _restart_policy(self, process: str) -> int:
         """How many restarts ``process`` may have (0: none)."""
-        stage = self._stage_of(process)
-        return stage.max_restarts if stage.restart == "on-failure" else 0
+        settings = self._config.process(process)
+        return settings.max_restarts if settings.restart == "on-failure" else 0
 
     def live_workers(self) -> list[Worker]:
         """Workers that are ready and have not exited (a restarting one counts once it is ready again)."""

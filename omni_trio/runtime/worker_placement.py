@@ -1,13 +1,13 @@
-"""The coordinator's side of a multi-process pipeline.
+"""Where the stages of a multi-process pipeline run, as the coordinator sees it.
 
-:class:`ProcessDirectory` is the coordinator's :class:`StageDirectory` when
-stages run in worker processes: submits go to the entry stage's process,
+:class:`WorkerPlacement` is the coordinator's :class:`~omni_trio.coordinator.placement.Placement`
+when stages run in worker processes: submits go to the entry stage's process,
 aborts go point to point to every live worker and are confirmed by each, resent
 until they are (:mod:`omni_trio.control.aborts`; so when an abort returns, no
 stage holds the request any more), workers' reports of what their stages
 hold are checked against the live requests (:mod:`omni_trio.control.audit`),
-and stats are gathered from every process. :func:`serve_coordinator` routes
-stage reports (results, stream chunks, failures) to the coordinator.
+and stats are gathered from every process. The stages' reports (results, stream chunks,
+failures) reach the coordinator through :mod:`omni_trio.runtime.stage_reports`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from omni_trio.comm.dataref import DataRef, DataRefKind
+from omni_trio.comm.dataref import DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
-from omni_trio.config.replicas import logical_name, replica_name
+from omni_trio.config.replicas import replica_name
 from omni_trio.control.aborts import AbortDelivery, Awaited, Delivery
 from omni_trio.control.bindings import BindingTable
-from omni_trio.control.endpoint import COORDINATOR, Endpoint, chunk_list
+from omni_trio.control.endpoint import COORDINATOR, Endpoint
 from omni_trio.control.wire import messages as m
 from omni_trio.errors import StatsTimeout
 from omni_trio.payload import StagePayload
@@ -33,7 +33,6 @@ from omni_trio.stage.stats import StageStats
 from omni_trio.tracing.trace import get_logger
 
 if TYPE_CHECKING:
-    from omni_trio.coordinator.coordinator import Coordinator
     from omni_trio.runtime.workers.supervisor import Supervisor
     from omni_trio.stage.stage import Stage
 
@@ -53,7 +52,7 @@ class _Replies(Awaited):
     stages: dict[str, Any] = attrs.field(factory=dict)
 
 
-class ProcessDirectory:
+class WorkerPlacement:
     """Reaches stages in the caller's process directly and the others through the endpoint."""
 
     def __init__(
@@ -252,51 +251,3 @@ class ProcessDirectory:
             self._undeliverable[message.process] = message.undeliverable
             replies.stages.update(message.stages)
             replies.arrived(message.process)
-
-
-def serve_coordinator(coordinator: Coordinator, endpoint: Endpoint) -> None:
-    """Route stage reports arriving at the main endpoint to the coordinator."""
-
-    async def on_complete(message: m.Complete) -> None:
-        # The sender's address (a replica's ``voc@r1``) routes the ACK; the coordinator hears its stage name.
-        request_id, address = message.request_id, message.from_stage
-        stage = logical_name(address)
-        if not message.success or message.data_ref is None:
-            coordinator.on_complete(request_id, stage, error=message.error or "failed without an error text")
-            return
-
-        async def deliver(result: Any) -> None:
-            coordinator.on_complete(request_id, stage, result=result)
-
-        await endpoint.receive_object(DataRef.from_wire(message.data_ref), request_id, address, COORDINATOR, deliver)
-
-    async def on_stream(message: m.Stream) -> None:
-        stage = logical_name(message.from_stage)
-
-        async def deliver(chunks: Any) -> None:
-            try:
-                data = chunk_list(chunks, message.chunk_count)
-            except ValueError as exc:
-                error = f"stream chunks for the caller: {exc}"
-                coordinator.on_complete(message.request_id, stage, error=error)
-                return
-            for offset, chunk in enumerate(data):
-                chunk_id = message.chunk_id + offset
-                coordinator.on_stream(message.request_id, stage, chunk, chunk_id, message.modality)
-
-        await endpoint.receive_object(
-            DataRef.from_wire(message.data_ref),
-            message.request_id,
-            message.from_stage,
-            COORDINATOR,
-            deliver,
-            chunk_ids=range(message.chunk_id, message.chunk_id + message.chunk_count),
-        )
-
-    async def on_held(message: m.HeldReport) -> None:
-        coordinator.retire_unknown(message.request_ids)
-
-    endpoint.on(m.Complete, on_complete)
-    endpoint.on(m.Stream, on_stream)
-    endpoint.on(m.HeldReport, on_held)
-    endpoint.on_submit_failure(lambda request_id, error: coordinator.on_complete(request_id, COORDINATOR, error=error))
