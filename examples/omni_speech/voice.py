@@ -123,7 +123,7 @@ class Exchange:
         return (self.finished_ns - self.started_ns) / 1e9
 
 
-async def converse(pipeline: ot.Coordinator, request_id: str, audio: Any = None, sample_rate: int = 16_000,
+async def converse(pipeline: ot.Pipeline, request_id: str, audio: Any = None, sample_rate: int = 16_000,
                    text: str = "") -> Exchange:
     """Send ``audio`` (samples at ``sample_rate``) or typed ``text``; collect the spoken reply."""
     params: dict[str, Any] = {}

@@ -57,17 +57,6 @@ def _hook_map(value: Any) -> Any:
     return value
 
 
-def _warn_cuda_ipc_option(_instance: object, _attribute: object, value: object) -> None:
-    # Accepted for configs written for SGLang-Omni; there is no CUDA IPC path for it to disable.
-    if value:
-        warnings.warn(
-            "StageConfig.disable_direct_cuda_ipc_payload is deprecated and has no effect: "
-            "there is no CUDA IPC transport (GPU tensors travel through shared memory)",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-
-
 @attrs.frozen
 class CommConfig:
     """Data-plane settings of one stage's outgoing edges.
@@ -121,7 +110,7 @@ class StageConfig:
     stream_to: list[str] = attrs.field(factory=list, converter=name_list)
     stream_done_to_fn: str | None = attrs.field(default=None, converter=optional_dotted)
     can_accept_stream_before_payload: bool = False
-    disable_direct_cuda_ipc_payload: bool = attrs.field(default=False, validator=_warn_cuda_ipc_option)
+    disable_direct_cuda_ipc_payload: bool = False
     gpu: int | None = None
     comm: CommConfig | None = None
     restart: str | None = None

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
-import pytest
-
-import omni_trio as ot
 from omni_trio.comm.dataref import TransportKind
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 
@@ -18,14 +13,3 @@ def test_small_cpu_and_tensor_free_objects_go_inline_the_rest_through_shared_mem
     # No GPU-to-GPU transport: accelerator tensors go through host memory, however small.
     assert choose_transport(["cuda"], 4, sender="a", receiver="b", gpu_peers=True) is TransportKind.shm
     assert choose_transport(["cpu", "cuda"], 4) is TransportKind.shm
-
-
-def test_the_cuda_ipc_option_is_deprecated_and_changes_nothing() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        default = ot.StageConfig(name="a", factory_path="tests.stages.create_append", terminal=True)
-    with pytest.warns(DeprecationWarning, match="disable_direct_cuda_ipc_payload"):
-        given = ot.StageConfig(
-            name="a", factory_path="tests.stages.create_append", terminal=True, disable_direct_cuda_ipc_payload=True
-        )
-    assert given.comm == default.comm and given.gpu == default.gpu
