@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from benchmarks.serving_drivers import HttpDriver, InProcessDriver, measure_load
-from benchmarks.serving_metrics import TOLERANCES_MS, summarize
+from benchmarks.serving_metrics import TOLERANCES_MS, run_entry
 from benchmarks.serving_model import SAMPLE_RATE
 from benchmarks.serving_stages import PipelineShape
 
@@ -80,16 +80,6 @@ def loads_of(args: argparse.Namespace) -> list[dict[str, Any]]:
             + [{"kind": "rate", "value": r, "duration_s": args.duration} for r in args.rates])
 
 
-def run_entry(runtime: str, driver: str, load: dict[str, Any], records: Any, wall: float,
-              cpu: dict[str, float]) -> dict[str, Any]:
-    """One run's JSON: its load, its summary and the CPU seconds per stream of each process."""
-    summary = summarize(records, SAMPLE_RATE, wall)
-    streams = max(summary["streams"] - summary["refused"], 1)
-    return {"runtime": runtime, "driver": driver, "load": load, **summary,
-            "cpu_s_per_stream": {"total": sum(cpu.values()) / streams,
-                                 "processes": {name: s / streams for name, s in sorted(cpu.items())}}}
-
-
 async def run_all(args: argparse.Namespace, shape: PipelineShape) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every driver at every load; with ``--vs-sglang-omni`` SGLang-Omni's run of each load right after ours."""
     runs: list[dict[str, Any]] = []
@@ -101,7 +91,7 @@ async def run_all(args: argparse.Namespace, shape: PipelineShape) -> tuple[list[
             for index, load in enumerate(loads_of(args)):
                 label = f"{name}-{load['kind']}-{load['value']}"
                 records, wall, cpu = await measure_load(driver, load, label, args.seed + index)
-                runs.append(run_entry("omni-trio", name, load, records, wall, cpu))
+                runs.append(run_entry("omni-trio", name, load, records, wall, cpu, SAMPLE_RATE))
                 print(f"  {label}: {_line(runs[-1])}", file=sys.stderr, flush=True)
                 if args.vs_sglang_omni and name == "inproc":
                     from benchmarks import serving_sglang

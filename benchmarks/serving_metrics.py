@@ -126,3 +126,13 @@ def load_offsets(load: dict[str, Any], seed: int) -> list[float]:
         offsets.append(t)
         t += rng.expovariate(load["value"])
     return offsets
+
+
+def run_entry(runtime: str, driver: str, load: dict[str, Any], records: list[StreamRecord], wall: float,
+              cpu: dict[str, float], sample_rate: int) -> dict[str, Any]:
+    """One run's JSON: its load, its summary and the CPU seconds per stream of each process."""
+    summary = summarize(records, sample_rate, wall)
+    streams = max(summary["streams"] - summary["refused"], 1)
+    return {"runtime": runtime, "driver": driver, "load": load, **summary,
+            "cpu_s_per_stream": {"total": sum(cpu.values()) / streams,
+                                 "processes": {name: s / streams for name, s in sorted(cpu.items())}}}
