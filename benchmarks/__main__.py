@@ -1,4 +1,5 @@
-"""``python -m benchmarks ...``: the benchmark suite (:mod:`benchmarks.run`)."""
+"""``python -m benchmarks ...``: the benchmark suite (:mod:`benchmarks.run`); ``python -m benchmarks serving
+...``: the serving benchmark (:mod:`benchmarks.serving`)."""
 
 import sys
 

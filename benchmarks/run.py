@@ -1,6 +1,7 @@
 """The omni-trio benchmark suite: latency, throughput, transfer and idle cost of real pipelines.
 
-Run ``python -m benchmarks [--quick] [--json PATH] [--only W1,W4,...]`` (or ``omni-trio bench ...``).
+Run ``python -m benchmarks [--quick] [--json PATH] [--only W1,W4,...]`` (or ``omni-trio bench ...``);
+``python -m benchmarks serving ...`` is the serving benchmark (:mod:`benchmarks.serving`).
 Every stage runs in a worker process of its own unless a workload says otherwise. The workloads:
 
 - ``W1``: a chain of 2 no-op stages, sequential requests after a warm-up: p50/p90/p99 latency (ms).
@@ -122,7 +123,13 @@ def _fmt(value: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen workloads, print a table, write the JSON; 0 if every workload ran, 1 otherwise
-    (2 when ``--vs-sglang-omni`` is asked for but SGLang-Omni is not importable)."""
+    (2 when ``--vs-sglang-omni`` is asked for but SGLang-Omni is not importable). ``serving ...`` as the
+    first argument runs the serving benchmark instead (:mod:`benchmarks.serving`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serving"]:
+        from benchmarks import serving
+
+        return serving.main(argv[1:])
     args = parse_args(argv)
     STAGE_FACTORY.clear()
     if args.inline:
