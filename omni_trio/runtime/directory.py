@@ -64,7 +64,7 @@ class ProcessDirectory:
         self._supervisor = supervisor
         #: The caller's process's replica bindings (the coordinator holds each live request's).
         self._bindings = bindings
-        self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
+        self._aborts = AbortDelivery(endpoint)
         self._stats: dict[int, _Replies] = {}
         self._holding: dict[int, _Replies] = {}
         self._tokens = itertools.count()
