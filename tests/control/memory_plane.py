@@ -156,8 +156,11 @@ async def open_plane(placement: dict[str, str], *, capacity: int = 64) -> AsyncI
     try:
         async with trio.open_nursery() as nursery:
             plane = Plane(nursery, MemoryNetwork(capacity), placement, run)
-            yield plane
-            for endpoint in plane.endpoints.values():
-                endpoint.stop()
+            try:
+                yield plane
+            finally:
+                # Also when the test failed: an endpoint's serve is shielded from the test's cancel.
+                for endpoint in plane.endpoints.values():
+                    endpoint.stop()
     finally:
         assert remove_segments(run) == [], "an endpoint left shared memory behind"
