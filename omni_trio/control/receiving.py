@@ -4,7 +4,7 @@
 (``on_submit``, ``deliver_payload``, ``deliver_stream_chunks``, ``deliver_stream_signal``: the same
 methods same-process links call), and reads the objects of the coordinator's Complete and Stream
 messages for it (:meth:`Receiver.receive_object`). Reads overlap, deliveries keep arrival order per
-(request, sender, receiver) lane (:mod:`omni_trio.control.lanes`).
+(request, sender, receiver) flow (:mod:`omni_trio.control.ordering`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.config.replicas import logical_name
 from omni_trio.control.hosted import HostedStage
 from omni_trio.control.hosting import HostedStages, Placement
-from omni_trio.control.lanes import Lanes
+from omni_trio.control.ordering import DeliveryOrder, Flow
 from omni_trio.control.peers import Peers
 from omni_trio.control.releases import CreditHold, ReleaseSender
 from omni_trio.control.tasks import EndpointTasks
@@ -80,7 +80,7 @@ class Receiver:
         self._segments = segments
         self._releases = releases
         self._tracer = tracer
-        self._lanes = Lanes()
+        self._order = DeliveryOrder()
 
     async def on_submit(self, message: m.Submit) -> None:
         """The coordinator's input for an entry stage here."""
@@ -100,12 +100,12 @@ class Receiver:
         rid, sender, receiver = message.request_id, message.from_stage, stage.address
         source, bindings = logical_name(sender), message.replica_bindings
         if message.is_signal:
-            lane = (rid, sender, receiver)
+            flow = (rid, sender, receiver)
 
             async def signal(_: Any) -> None:
                 await stage.deliver_stream_signal(rid, source, message.error, bindings)
 
-            await self._in_order(lane, _nothing, signal, needs_task=False)
+            await self._in_order(flow, _nothing, signal, needs_task=False)
             return
         ref = DataRef.from_wire(message.data_ref)
         if message.chunk_id is None:
@@ -151,12 +151,12 @@ class Receiver:
         chunk_ids: range | None = None,
         credit: CreditHold | None = None,
     ) -> None:
-        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order.
+        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in arrival order.
 
         With ``credit``, a successful ACK says the receiver holds the sender's
         credit, and ``deliver`` must see to it that ``credit`` is given back.
         """
-        lane = (request_id, sender, receiver)
+        flow = (request_id, sender, receiver)
         sender_process = self._placement.process_of(sender)
 
         async def read() -> Any:
@@ -197,32 +197,32 @@ class Receiver:
                 )
             return value
 
-        await self._in_order(lane, read, deliver, needs_task=ref.buffer is not None)
+        await self._in_order(flow, read, deliver, needs_task=ref.buffer is not None)
 
     async def _in_order(
         self,
-        lane: tuple[str, str, str],
+        flow: Flow,
         read: Callable[[], Awaitable[Any]],
         deliver: Callable[[Any], Awaitable[None]],
         *,
         needs_task: bool,
     ) -> None:
-        """Deliver in lane order: now if nothing is ahead and the read is instant, else in a task."""
-        if not needs_task and self._lanes.idle(lane):
+        """Deliver in arrival order: now if nothing is ahead and the read is instant, else in a task."""
+        if not needs_task and self._order.idle(flow):
             with contextlib.suppress(_ReadFailed):
                 await deliver(await read())
             return
-        self._tasks.spawn(self._run_in_lane, lane, self._lanes.claim(lane), read, deliver)
+        self._tasks.spawn(self._run_in_order, flow, self._order.claim(flow), read, deliver)
 
-    async def _run_in_lane(
+    async def _run_in_order(
         self,
-        lane: tuple[str, str, str],
+        flow: Flow,
         place: Any,
         read: Callable[[], Awaitable[Any]],
         deliver: Callable[[Any], Awaitable[None]],
     ) -> None:
         with contextlib.suppress(_ReadFailed):
-            await self._lanes.run(lane, place, read, deliver)
+            await self._order.run(flow, place, read, deliver)
 
     async def _ack(
         self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None, *, credit_held: bool = False

@@ -171,7 +171,7 @@ class ProcessDirectory:
         )
 
     def abort(self, request_id: str) -> Awaitable[None]:
-        """Every stage drops ``request_id``: the caller's stages now, the workers' once their lanes
+        """Every stage drops ``request_id``: the caller's stages now, the workers' once their abort queues
         send it; await the result to wait until every live worker confirmed.
 
         The wait is bounded by :data:`ABORT_ACK_TIMEOUT_S` (a worker that stopped answering does
