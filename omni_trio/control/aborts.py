@@ -6,13 +6,13 @@ socket waits at its high-water mark instead (a process that is busy, even holdin
 seconds, finds its aborts queued when it runs again), and it is ordered behind the Submit the caller
 sent the process before.
 
-Aborts wait in one lane per process; the lane's single task sends everything that queued up while it
-was sending as one message (a storm of 10,000 aborts becomes a few dozen messages, so the delivery
+Aborts wait in one queue per process; the queue's single task sends everything that queued up while
+it was sending as one message (a storm of 10,000 aborts becomes a few dozen messages, so the delivery
 keeps pace with the storm). Each message carries a token that the worker confirms with
 :class:`~omni_trio.control.wire.messages.AbortDone` once every stage of the process dropped its requests.
 A message not confirmed within :data:`RESEND_S` is sent again, the interval doubling up to
 :data:`RESEND_MAX_S`, until it is confirmed or the process is known gone (:meth:`AbortDelivery.forget`:
-it died, or it is being restarted). A lane with nothing queued and nothing unconfirmed sleeps on an
+it died, or it is being restarted). A queue with nothing queued and nothing unconfirmed sleeps on an
 event: idle, it costs nothing.
 """
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from collections.abc import Collection
 
 import attrs
 import trio
 
+from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.wire import messages as m
 from omni_trio.tracing.trace import get_logger
 
@@ -70,7 +70,7 @@ class _Sent:
 
 
 @attrs.define(eq=False)
-class _Lane:
+class _AbortQueue:
     """The aborts of one process: queued ones, and sent ones waiting for their confirmation."""
 
     process: str
@@ -86,18 +86,13 @@ class _Lane:
 class AbortDelivery:
     """Delivers aborts to worker processes (see the module docstring).
 
-    ``send(process, message)`` sends one control message to a process (waiting, never dropping, when
-    its socket is full); ``spawn(fn, *args)`` runs a task for as long as the control plane serves.
+    The process's ``endpoint`` sends them (waiting, never dropping, when a socket is full); each
+    process's queue is a task of the endpoint.
     """
 
-    def __init__(
-        self,
-        send: Callable[[str, m.ControlMessage], Awaitable[None]],
-        spawn: Callable[..., Any],
-    ) -> None:
-        self._send = send
-        self._spawn = spawn
-        self._lanes: dict[str, _Lane] = {}
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+        self._queues: dict[str, _AbortQueue] = {}
         self._tokens = itertools.count()
 
     def deliver(self, request_id: str, processes: Collection[str]) -> Delivery:
@@ -106,62 +101,62 @@ class AbortDelivery:
         if not delivery.waiting:
             delivery.done.set()
         for process in processes:
-            lane = self._lanes.get(process)
-            if lane is None:
-                lane = self._lanes[process] = _Lane(process)
-                self._spawn(self._run, lane)
-            lane.queued.append(delivery)
-            lane.wake.set()
+            queue = self._queues.get(process)
+            if queue is None:
+                queue = self._queues[process] = _AbortQueue(process)
+                self._endpoint.spawn(self._run, queue)
+            queue.queued.append(delivery)
+            queue.wake.set()
         return delivery
 
     def on_done(self, message: m.AbortDone) -> None:
         """A worker confirmed the Abort ``message.token``."""
-        lane = self._lanes.get(message.process)
-        sent = None if lane is None else lane.sent.pop(message.token, None)
+        queue = self._queues.get(message.process)
+        sent = None if queue is None else queue.sent.pop(message.token, None)
         if sent is not None:
             for delivery in sent.deliveries:
                 delivery.arrived(message.process)
 
     def forget(self, process: str) -> None:
         """``process`` is gone (dead, or being restarted): nothing waits for it any more."""
-        lane = self._lanes.pop(process, None)
-        if lane is None:
+        queue = self._queues.pop(process, None)
+        if queue is None:
             return
-        lane.scope.cancel()
-        for delivery in [*lane.queued, *(d for sent in lane.sent.values() for d in sent.deliveries)]:
+        queue.scope.cancel()
+        for delivery in [*queue.queued, *(d for sent in queue.sent.values() for d in sent.deliveries)]:
             delivery.arrived(process)
-        lane.queued.clear()
-        lane.sent.clear()
+        queue.queued.clear()
+        queue.sent.clear()
 
-    async def _run(self, lane: _Lane) -> None:
-        with lane.scope:
+    async def _run(self, queue: _AbortQueue) -> None:
+        with queue.scope:
             try:
-                await self._serve(lane)
+                await self._serve(queue)
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return  # the control plane is closing: nothing is delivered any more
 
-    async def _serve(self, lane: _Lane) -> None:
+    async def _serve(self, queue: _AbortQueue) -> None:
         while True:
-            with trio.move_on_at(lane.next_due()):
-                await lane.wake.wait()
-            lane.wake = trio.Event()
-            await self._resend_overdue(lane)
-            while lane.queued:
-                batch, lane.queued[:MAX_BATCH] = lane.queued[:MAX_BATCH], []
+            with trio.move_on_at(queue.next_due()):
+                await queue.wake.wait()
+            queue.wake = trio.Event()
+            await self._resend_overdue(queue)
+            while queue.queued:
+                batch, queue.queued[:MAX_BATCH] = queue.queued[:MAX_BATCH], []
                 token = next(self._tokens)
                 message = m.Abort(request_ids=[d.request_id for d in batch], token=token)
                 # Registered before sending: the confirmation may arrive during the send's checkpoint.
-                lane.sent[token] = _Sent(message, batch, trio.current_time() + RESEND_S)
-                await self._send(lane.process, message)
+                queue.sent[token] = _Sent(message, batch, trio.current_time() + RESEND_S)
+                await self._endpoint.send(queue.process, message)
 
-    async def _resend_overdue(self, lane: _Lane) -> None:
+    async def _resend_overdue(self, queue: _AbortQueue) -> None:
         now = trio.current_time()
-        for token, sent in list(lane.sent.items()):
-            if sent.due > now or token not in lane.sent:
+        for token, sent in list(queue.sent.items()):
+            if sent.due > now or token not in queue.sent:
                 continue
             sent.interval = min(sent.interval * 2, RESEND_MAX_S)
             sent.due = now + sent.interval
             log.info(
-                "abort_resent", process=lane.process, token=token, requests=len(sent.deliveries), next_s=sent.interval
+                "abort_resent", process=queue.process, token=token, requests=len(sent.deliveries), next_s=sent.interval
             )
-            await self._send(lane.process, sent.message)
+            await self._endpoint.send(queue.process, sent.message)

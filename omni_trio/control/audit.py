@@ -21,7 +21,7 @@ stages hold nothing (the usual end of a request) the pending look is called off
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
@@ -29,19 +29,25 @@ import trio
 REPORT_INTERVAL_S = 2.0
 
 
+class HeldRequests(Protocol):
+    """What the reporter looks at and whom it tells: the requests a process's stages hold."""
+
+    def held(self) -> list[str]:
+        """The requests held now."""
+        ...
+
+    async def report(self, held: list[str]) -> None:
+        """Tell the coordinator that ``held`` are held."""
+        ...
+
+
 class HeldReporter:
-    """Reports ``held()`` with ``report(ids)`` :data:`REPORT_INTERVAL_S` after it is wanted, and
-    every interval after that while ``held()`` names any request, unless :meth:`settle` called the
+    """Reports ``requests.held()`` with ``requests.report(ids)`` :data:`REPORT_INTERVAL_S` after it is
+    wanted, and every interval after that while anything is held, unless :meth:`settle` called the
     look off meanwhile."""
 
-    def __init__(
-        self,
-        held: Callable[[], list[str]],
-        report: Callable[[list[str]], Awaitable[None]],
-        interval_s: float = REPORT_INTERVAL_S,
-    ) -> None:
-        self._held = held
-        self._report = report
+    def __init__(self, requests: HeldRequests, interval_s: float = REPORT_INTERVAL_S) -> None:
+        self._requests = requests
         self._interval_s = interval_s
         self._wanted = trio.Event()
         #: The wait for the next look, while one is under way: its deadline is when to look.
@@ -68,7 +74,7 @@ class HeldReporter:
             self._pending = None
             # Reset before looking: work arriving from here on wants the next report.
             self._wanted = trio.Event()
-            held = self._held()
+            held = self._requests.held()
             if held:
                 self._wanted.set()  # still holding: look again next interval
-                await self._report(held)
+                await self._requests.report(held)

@@ -13,6 +13,7 @@ import trio
 
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.codec import MalformedMessage, decode
+from omni_trio.errors import describe_error
 from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
@@ -38,14 +39,10 @@ class MessageSource(Protocol):
 
 
 class Dispatcher:
-    """The message handlers of one process, by message type, and the loops that feed them.
+    """The message handlers of one process, by message type, and the loops that feed them."""
 
-    ``describe(exc)`` formats a handler's exception for the log.
-    """
-
-    def __init__(self, process: str, describe: Callable[[BaseException], str]) -> None:
+    def __init__(self, process: str) -> None:
         self._process = process
-        self._describe = describe
         self._handlers: dict[type[m.ControlMessage], Handler] = {}
 
     def on(self, message_type: type[M], handler: Callable[[M], Awaitable[None]]) -> None:
@@ -88,5 +85,5 @@ class Dispatcher:
                 socket=source,
                 process=self._process,
                 message=type(message).__name__,
-                error=self._describe(exc),
+                error=describe_error(exc),
             )

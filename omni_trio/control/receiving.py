@@ -4,7 +4,7 @@
 (``on_submit``, ``deliver_payload``, ``deliver_stream_chunks``, ``deliver_stream_signal``: the same
 methods same-process links call), and reads the objects of the coordinator's Complete and Stream
 messages for it (:meth:`Receiver.receive_object`). Reads overlap, deliveries keep arrival order per
-(request, sender, receiver) lane (:mod:`omni_trio.control.lanes`).
+(request, sender, receiver) flow (:mod:`omni_trio.control.ordering`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,13 @@ from omni_trio.comm.slotcache import SegmentCache
 from omni_trio.comm.transfer import decode_object, tensor_bytes
 from omni_trio.config.replicas import logical_name
 from omni_trio.control.hosted import HostedStage
-from omni_trio.control.lanes import Lanes
+from omni_trio.control.hosting import HostedStages, Placement
+from omni_trio.control.ordering import DeliveryOrder, Flow
+from omni_trio.control.peers import Peers
 from omni_trio.control.releases import CreditHold, ReleaseSender
+from omni_trio.control.tasks import EndpointTasks
 from omni_trio.control.wire import messages as m
+from omni_trio.errors import describe_error
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.tracing.trace import Tracer
 
@@ -51,41 +55,36 @@ async def _nothing() -> None:
 class Receiver:
     """Reads, ACKs and delivers the objects sent to one process (see the module docstring).
 
-    Built with: ``stage(name)`` (a stage of this process, else LookupError), ``process_of(sender)``
-    (the process a sending stage or the coordinator runs in), ``send(process, message)``,
-    ``fail_request(receiver, request_id, error)``, ``spawn(fn, *args)`` (a task of the endpoint),
-    the run's segment prefix, the mapping cache of peers' slots, the release sender and the tracer.
+    Built with: the ``stages`` of this process, the run's ``placement``, the process's ``peers``
+    (what sends the ACKs), the endpoint's ``tasks``, the run's segment prefix, the mapping cache of
+    peers' slots, the release sender and the tracer.
     """
 
     def __init__(
         self,
         *,
-        stage: Callable[[str], HostedStage],
-        process_of: Callable[[str], str],
-        send: Callable[[str, m.ControlMessage], Awaitable[None]],
-        fail_request: Callable[[str, str, str], Awaitable[None]],
-        spawn: Callable[..., None],
+        stages: HostedStages,
+        placement: Placement,
+        peers: Peers,
+        tasks: EndpointTasks,
         run_prefix: str,
         segments: SegmentCache,
         releases: ReleaseSender,
         tracer: Tracer,
-        describe: Callable[[BaseException], str],
     ) -> None:
-        self._stage = stage
-        self._process_of = process_of
-        self._send = send
-        self._fail_request = fail_request
-        self._spawn = spawn
+        self._stages = stages
+        self._placement = placement
+        self._peers = peers
+        self._tasks = tasks
         self._run_prefix = run_prefix
         self._segments = segments
         self._releases = releases
         self._tracer = tracer
-        self._describe = describe
-        self._lanes = Lanes()
+        self._order = DeliveryOrder()
 
     async def on_submit(self, message: m.Submit) -> None:
         """The coordinator's input for an entry stage here."""
-        stage = self._stage(message.to_stage)
+        stage = self._stages.stage(message.to_stage)
         ref = DataRef.from_wire(message.data_ref)
         rid = message.request_id
 
@@ -96,17 +95,17 @@ class Receiver:
 
     async def on_data_ready(self, message: m.DataReady) -> None:
         """A payload, stream chunks or a stream signal for a stage here."""
-        stage = self._stage(message.to_stage)
+        stage = self._stages.stage(message.to_stage)
         # Addresses (``voc@r1``) route ACKs and credits; the stage sees the sender's stage name.
         rid, sender, receiver = message.request_id, message.from_stage, stage.address
         source, bindings = logical_name(sender), message.replica_bindings
         if message.is_signal:
-            lane = (rid, sender, receiver)
+            flow = (rid, sender, receiver)
 
             async def signal(_: Any) -> None:
                 await stage.deliver_stream_signal(rid, source, message.error, bindings)
 
-            await self._in_order(lane, _nothing, signal, needs_task=False)
+            await self._in_order(flow, _nothing, signal, needs_task=False)
             return
         ref = DataRef.from_wire(message.data_ref)
         if message.chunk_id is None:
@@ -152,13 +151,13 @@ class Receiver:
         chunk_ids: range | None = None,
         credit: CreditHold | None = None,
     ) -> None:
-        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in lane order.
+        """Read the object ``ref`` points to (ACKing shared memory) and deliver it in arrival order.
 
         With ``credit``, a successful ACK says the receiver holds the sender's
         credit, and ``deliver`` must see to it that ``credit`` is given back.
         """
-        lane = (request_id, sender, receiver)
-        sender_process = self._process_of(sender)
+        flow = (request_id, sender, receiver)
+        sender_process = self._placement.process_of(sender)
 
         async def read() -> Any:
             start = time.monotonic() if self._tracer.enabled else 0.0
@@ -173,9 +172,9 @@ class Receiver:
                 if credit is not None:
                     credit.cancel()
                 if ref.buffer is not None:
-                    await self._ack(ref, request_id, sender, receiver, self._describe(exc))
-                await self._fail_request(
-                    receiver, request_id, f"reading data from {sender!r} failed: {self._describe(exc)}"
+                    await self._ack(ref, request_id, sender, receiver, describe_error(exc))
+                await self._stages.fail_request(
+                    receiver, request_id, f"reading data from {sender!r} failed: {describe_error(exc)}"
                 )
                 raise _ReadFailed from exc
             if ref.buffer is not None:
@@ -198,32 +197,32 @@ class Receiver:
                 )
             return value
 
-        await self._in_order(lane, read, deliver, needs_task=ref.buffer is not None)
+        await self._in_order(flow, read, deliver, needs_task=ref.buffer is not None)
 
     async def _in_order(
         self,
-        lane: tuple[str, str, str],
+        flow: Flow,
         read: Callable[[], Awaitable[Any]],
         deliver: Callable[[Any], Awaitable[None]],
         *,
         needs_task: bool,
     ) -> None:
-        """Deliver in lane order: now if nothing is ahead and the read is instant, else in a task."""
-        if not needs_task and self._lanes.idle(lane):
+        """Deliver in arrival order: now if nothing is ahead and the read is instant, else in a task."""
+        if not needs_task and self._order.idle(flow):
             with contextlib.suppress(_ReadFailed):
                 await deliver(await read())
             return
-        self._spawn(self._run_in_lane, lane, self._lanes.claim(lane), read, deliver)
+        self._tasks.spawn(self._run_in_order, flow, self._order.claim(flow), read, deliver)
 
-    async def _run_in_lane(
+    async def _run_in_order(
         self,
-        lane: tuple[str, str, str],
+        flow: Flow,
         place: Any,
         read: Callable[[], Awaitable[Any]],
         deliver: Callable[[Any], Awaitable[None]],
     ) -> None:
         with contextlib.suppress(_ReadFailed):
-            await self._lanes.run(lane, place, read, deliver)
+            await self._order.run(flow, place, read, deliver)
 
     async def _ack(
         self, ref: DataRef, request_id: str, sender: str, receiver: str, error: str | None, *, credit_held: bool = False
@@ -237,7 +236,7 @@ class Receiver:
             error=error,
             credit_held=credit_held,
         )
-        await self._send(self._process_of(sender), ack)
+        await self._peers.send(self._placement.process_of(sender), ack)
 
     def _credit_hold(self, ref: DataRef, request_id: str, sender: str, stage: HostedStage) -> CreditHold | None:
         """For a shared-memory chunk to a stage whose inbox reports takes: what returns the sender's credit."""
@@ -246,4 +245,4 @@ class Receiver:
         message = m.CreditReturn(
             request_id=request_id, from_stage=stage.address, to_stage=sender, object_id=ref.object_id
         )
-        return CreditHold(self._releases, self._process_of(sender), message)
+        return CreditHold(self._releases, self._placement.process_of(sender), message)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
 from omni_trio.comm.dataref import DataRef
+from omni_trio.control.peers import Peers
+from omni_trio.control.tasks import EndpointTasks
 from omni_trio.control.wire import messages as m
 from omni_trio.tracing.trace import get_logger
 
@@ -24,22 +26,14 @@ log = get_logger(__name__)
 class ReleaseSender:
     """Queues slot releases and credit returns posted from any thread; one task sends them in order.
 
-    ``send(process, message)`` sends one control message; ``spawn(fn)`` starts a task of the
-    endpoint (it raises once the endpoint's nursery is closed); ``closing()`` is true once the
-    endpoint is shutting down.
+    ``peers`` send the messages, as a task of the endpoint's ``tasks`` (it raises once their
+    nursery is closed); nothing is queued once they are closing.
     """
 
-    def __init__(
-        self,
-        process: str,
-        send: Callable[[str, m.ControlMessage], Awaitable[None]],
-        spawn: Callable[[Callable[[], Awaitable[None]]], None],
-        closing: Callable[[], bool],
-    ) -> None:
+    def __init__(self, process: str, peers: Peers, tasks: EndpointTasks) -> None:
         self._process = process
-        self._send = send
-        self._spawn = spawn
-        self._closing = closing
+        self._peers = peers
+        self._tasks = tasks
         self._queue: deque[tuple[str, m.ControlMessage]] = deque()
         self._sending = False
 
@@ -50,12 +44,12 @@ class ReleaseSender:
 
     def _queue_one(self, process: str, message: m.ControlMessage) -> None:
         # Runs as a run_sync_soon callback, where an exception would crash the trio run.
-        if self._closing():
+        if self._tasks.closing:
             return
         self._queue.append((process, message))
         if not self._sending:
             try:
-                self._spawn(self._send_queue)
+                self._tasks.spawn(self._send_queue)
             except Exception:  # noqa: BLE001 - the nursery is closed: nobody to tell
                 self._queue.clear()
                 return
@@ -66,7 +60,7 @@ class ReleaseSender:
             while self._queue:
                 process, message = self._queue.popleft()
                 try:
-                    await self._send(process, message)
+                    await self._peers.send(process, message)
                 except Exception as exc:  # noqa: BLE001 - a lost release costs a slot, never the loop
                     log.warning("slot_release_not_sent", process=self._process, to=process, error=str(exc))
         finally:

@@ -25,6 +25,9 @@ from omni_trio.comm.shm import ShmPut, ShmRelay
 from omni_trio.comm.slotpool import DEFAULT_POOL_BYTES
 from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
+from omni_trio.control.hosting import Placement
+from omni_trio.control.peers import Peers
+from omni_trio.control.tasks import EndpointTasks
 from omni_trio.control.transfers import Transfers
 from omni_trio.control.wire import messages as m
 from omni_trio.tracing.trace import Tracer
@@ -37,10 +40,9 @@ def _elapsed_ms(start: float) -> float:
 class Sender:
     """Writes the objects one process's stages send to other processes (see the module docstring).
 
-    Built with: the process's segment prefix ``shm_prefix``, the tracer, ``process_of(stage)`` (the
-    process a stage or the coordinator runs in), ``send(process, message)``, ``spawn(fn, *args)`` (a
-    task of the endpoint), the endpoint's :class:`~omni_trio.control.transfers.Transfers`,
-    ``closing()`` (true once the endpoint is stopping), and per sending stage its ``credits`` per
+    Built with: the process's segment prefix ``shm_prefix``, the tracer, the run's ``placement``,
+    the process's ``peers`` (what sends), the endpoint's ``tasks`` and
+    :class:`~omni_trio.control.transfers.Transfers`, and per sending stage its ``credits`` per
     target, ``max_transfer_bytes`` and ``pool_bytes``; ``gpu_stages`` name the GPU stages (CUDA
     tensors between two of them are copied through host memory, said once per edge), and objects
     to a process in ``far`` (on another host) go over TCP.
@@ -51,11 +53,10 @@ class Sender:
         *,
         shm_prefix: str,
         tracer: Tracer,
-        process_of: Callable[[str], str],
-        send: Callable[[str, m.ControlMessage], Awaitable[None]],
-        spawn: Callable[..., None],
+        placement: Placement,
+        peers: Peers,
+        tasks: EndpointTasks,
         transfers: Transfers,
-        closing: Callable[[], bool],
         credits: dict[str, int],
         max_transfer_bytes: dict[str, int],
         pool_bytes: dict[str, int],
@@ -64,11 +65,10 @@ class Sender:
     ) -> None:
         self._shm_prefix = shm_prefix
         self._tracer = tracer
-        self._process_of = process_of
-        self._send = send
-        self._spawn = spawn
+        self._placement = placement
+        self._peers = peers
+        self._tasks = tasks
         self._transfers = transfers
-        self._closing = closing
         self._credits = credits
         self._max_transfer = max_transfer_bytes
         self._pool_bytes = pool_bytes
@@ -102,7 +102,7 @@ class Sender:
 
     def _open_relay(self, sender: str) -> ShmRelay | None:
         """``sender``'s relay, or None once the endpoint is stopping (its relays are closed or closing)."""
-        return None if self._closing() else self._relay(sender)
+        return None if self._tasks.closing else self._relay(sender)
 
     def _tcp_credits_of(self, sender: str) -> TcpCredits:
         credits = self._tcp_credits.get(sender)
@@ -139,7 +139,7 @@ class Sender:
         relay = self._relay(sender)
         gpu_peers = sender in self._gpu_stages and receiver in self._gpu_stages
         put: ShmPut | TcpPut | None = None
-        far = self._process_of(receiver) in self._far
+        far = self._placement.process_of(receiver) in self._far
         if inline_only:
             inline = encode_inline(
                 obj, sender=sender, target=receiver, object_id=object_id, kind=kind, gpu_peers=gpu_peers
@@ -167,14 +167,14 @@ class Sender:
             settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
             pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
         try:
-            await self._send(self._process_of(receiver), make(ref.to_wire()))
+            await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
         except BaseException:
             # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
             if pending is not None:
                 self._transfers.not_sent(object_id)
             raise
         if pending is not None:
-            self._spawn(self._transfers.watch, object_id, pending)
+            self._tasks.spawn(self._transfers.watch, object_id, pending)
         if tracing:
             fields = {
                 "request_id": request_id,
@@ -235,7 +235,7 @@ class Sender:
         for start in range(0, len(chunks), m.MAX_CHUNKS_PER_MESSAGE):
             await _send_group(chunks[start : start + m.MAX_CHUNKS_PER_MESSAGE], first_id + start, send)
 
-    async def on_slot_release(self, message: m.SlotRelease) -> None:
+    def on_slot_release(self, message: m.SlotRelease) -> None:
         """A receiver no longer views a pooled slot of the sending stage's relay: it is free again."""
         relay = self._relays.get(message.to_stage)
         if relay is not None:

@@ -4,12 +4,12 @@ holds comes back with a CreditReturn.
 :class:`Transfers` keeps the table of puts waiting for their
 :class:`~omni_trio.control.wire.messages.DataAck` and of credits that receivers hold until their
 scheduler takes the object. It never sends anything: the endpoint hands it the ACKs and credit
-returns that arrive, and it fails a request through the ``fail_request`` it was built with.
+returns that arrive, and it fails a request through the stages it was built with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -19,6 +19,16 @@ from omni_trio.control.wire import messages as m
 
 #: How long a sender waits for the receiver's ACK of one shared-memory transfer.
 ACK_TIMEOUT_S = 30.0
+
+
+class SendingStages(Protocol):
+    """The stages (or the coordinator) of the process that send: what fails their requests."""
+
+    async def fail_request(self, sender: str, request_id: str, error: str) -> None:
+        """Fail ``request_id`` on behalf of ``sender``."""
+
+    def is_retired(self, sender: str, request_id: str) -> bool:
+        """Whether ``sender`` already dropped ``request_id``."""
 
 
 class Relay(Protocol):
@@ -58,18 +68,13 @@ class _HeldCredit:
 class Transfers:
     """Transfers waiting for their ACK, and credits held by receivers (see the module docstring).
 
-    ``fail_request(sender, request_id, error)`` fails a request whose transfer failed;
-    ``is_retired(sender, request_id)`` says whether ``sender`` already dropped the request (then a
-    receiver's held credit comes back at once).
+    ``stages.fail_request(sender, request_id, error)`` fails a request whose transfer failed;
+    ``stages.is_retired(sender, request_id)`` says whether ``sender`` already dropped the request
+    (then a receiver's held credit comes back at once).
     """
 
-    def __init__(
-        self,
-        fail_request: Callable[[str, str, str], Awaitable[None]],
-        is_retired: Callable[[str, str], bool],
-    ) -> None:
-        self._fail_request = fail_request
-        self._is_retired = is_retired
+    def __init__(self, stages: SendingStages) -> None:
+        self._stages = stages
         self._pending: dict[str, PendingTransfer] = {}
         self._held: dict[str, _HeldCredit] = {}
 
@@ -96,7 +101,7 @@ class Transfers:
             pending.error = f"no ACK from {pending.receiver!r} within {ACK_TIMEOUT_S:g} s"
             pending.relay.settle(pending.put, False)
         if pending.error is not None:
-            await self._fail_request(
+            await self._stages.fail_request(
                 pending.sender, pending.request_id, f"transfer to {pending.receiver!r} failed: {pending.error}"
             )
 
@@ -108,7 +113,7 @@ class Transfers:
         if pending is None or pending.sender != message.to_stage:
             return  # already settled (timed out, or the endpoint closed)
         del self._pending[message.object_id]
-        hold = message.credit_held and not self._is_retired(pending.sender, pending.request_id)
+        hold = message.credit_held and not self._stages.is_retired(pending.sender, pending.request_id)
         pending.relay.settle(pending.put, message.success, keep_credit=hold)
         if hold and message.success:
             self._held[message.object_id] = _HeldCredit(

@@ -22,6 +22,7 @@ from omni_trio.config.replicas import addressed_placement, addresses_of
 from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
+from omni_trio.control.sockets.host import HostSockets
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.wire.auth import FrameMac
 from omni_trio.control.wire.curve import Curve, CurveKeys
@@ -155,21 +156,19 @@ def endpoint_for(
     with_comm = [(a, stage.comm) for stage in config.stages if stage.comm for a in addresses_of(config, stage.name)]
     placement = addressed_placement(config)
     peers = {MAIN_PROCESS, *placement.values()}
+    policy = policy or SocketPolicy(
+        FrameMac(secret, process=process, tracer=tracer),
+        config.endpoints.max_message_bytes,
+        None if curve is None else Curve(curve, process=process),
+    )
     return Endpoint(
         process=process,
-        ipc_dir=ipc_dir,
+        sockets=HostSockets(ipc_dir, policy, context),
         placement=placement,
         shm_prefix=shm_prefix,
         tracer=tracer,
-        policy=policy
-        or SocketPolicy(
-            FrameMac(secret, process=process, tracer=tracer),
-            config.endpoints.max_message_bytes,
-            None if curve is None else Curve(curve, process=process),
-        ),
         tcp=tcp,
-        context=context,
-        pull=pull,
+        inbox=pull,
         far=frozenset(peer for peer in peers if host_of(config.processes, peer) != host_of(config.processes, process)),
         # The caller learns each joined worker's address from its Join; a worker, from PeerAddresses.
         tcp_peers=frozenset(

@@ -63,7 +63,7 @@ class WorkerPlacement:
         self._supervisor = supervisor
         #: The caller's process's replica bindings (the coordinator holds each live request's).
         self._bindings = bindings
-        self._aborts = AbortDelivery(endpoint.send, endpoint.spawn)
+        self._aborts = AbortDelivery(endpoint)
         self._stats: dict[int, _Replies] = {}
         self._holding: dict[int, _Replies] = {}
         self._tokens = itertools.count()
@@ -170,7 +170,7 @@ class WorkerPlacement:
         )
 
     def abort(self, request_id: str) -> Awaitable[None]:
-        """Every stage drops ``request_id``: the caller's stages now, the workers' once their lanes
+        """Every stage drops ``request_id``: the caller's stages now, the workers' once their abort queues
         send it; await the result to wait until every live worker confirmed.
 
         The wait is bounded by :data:`ABORT_ACK_TIMEOUT_S` (a worker that stopped answering does

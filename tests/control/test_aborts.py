@@ -1,14 +1,13 @@
-"""AbortDelivery inside one trio.run: no sockets, a worker played by the test, trio's MockClock.
+"""AbortDelivery between real Endpoints on the in-memory sockets, inside one trio.run on MockClock.
 
 Batching, confirmation, resending with a doubling interval until confirmed, and ``forget`` (the
-process is gone) are the delivery's whole logic; the real sockets are exercised by
-tests/reliability/test_abort_delivery.py.
+process is gone) are the delivery's whole logic; the network loses, duplicates or holds the messages
+a test names. The real sockets are exercised by tests/reliability/test_abort_delivery.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import trio
 import trio.testing
@@ -16,112 +15,139 @@ import trio.testing
 from omni_trio.control import aborts
 from omni_trio.control.aborts import AbortDelivery
 from omni_trio.control.wire import messages as m
+from tests.control.memory_plane import Plane, Recorder, open_plane
+
+PLACEMENT = {"s1": "p1", "s2": "p2"}
 
 
-class Wire:
-    """What the delivery sends, per process, with the (mock) time it was sent."""
+def run(test: Callable[[Plane, AbortDelivery, Recorder, Recorder], Awaitable[None]], *, capacity: int = 64) -> None:
+    """Run ``test`` with main's AbortDelivery and the stages of workers p1 and p2."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[float, str, m.Abort]] = []
-        self.blocked: dict[str, trio.Event] = {}
+    async def main() -> None:
+        with trio.fail_after(600):
+            async with open_plane(PLACEMENT, capacity=capacity) as plane:
+                caller = await plane.start("main")
+                s1, s2 = Recorder("s1"), Recorder("s2")
+                await plane.start("p1", s1=s1)
+                await plane.start("p2", s2=s2)
+                delivery = AbortDelivery(caller)
 
-    async def send(self, process: str, message: m.ControlMessage) -> None:
-        assert isinstance(message, m.Abort)
-        gate = self.blocked.get(process)
-        if gate is not None:
-            await gate.wait()  # a full socket: the send waits, it never drops
-        self.sent.append((trio.current_time(), process, message))
+                async def on_done(message: m.AbortDone) -> None:
+                    delivery.on_done(message)
 
-    def to(self, process: str) -> list[m.Abort]:
-        return [message for _, name, message in self.sent if name == process]
+                caller.on(m.AbortDone, on_done)
+                await test(plane, delivery, s1, s2)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def run_delivery(test: Callable[[AbortDelivery, Wire], Any]) -> None:
-    wire = Wire()
-    async with trio.open_nursery() as nursery:
-        delivery = AbortDelivery(wire.send, nursery.start_soon)
-        await test(delivery, wire)
-        nursery.cancel_scope.cancel()
+def aborts_to(plane: Plane, process: str) -> list[tuple[float, m.Abort]]:
+    return [(entry.time, entry.message) for entry in plane.network.sent(m.Abort, "main", process)]  # type: ignore[misc]
 
 
 def test_an_abort_is_done_once_every_process_confirmed() -> None:
-    async def test(delivery: AbortDelivery, wire: Wire) -> None:
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        plane.network.hold("p2", "main")  # p2's confirmation is late
         done = delivery.deliver("r1", ["p1", "p2"])
         await trio.testing.wait_all_tasks_blocked()
-        (to_p1,) = wire.to("p1")
-        (to_p2,) = wire.to("p2")
-        assert to_p1.request_ids == ("r1",)
-        delivery.on_done(m.AbortDone(token=to_p1.token, process="p1"))
+        assert [ids for _, ids in s1.aborts] == [("r1",)] and [ids for _, ids in s2.aborts] == [("r1",)]
         assert not done.done.is_set() and done.waiting == {"p2"}
-        delivery.on_done(m.AbortDone(token=to_p1.token, process="p2"))  # another process's token: ignored
-        assert not done.done.is_set()
-        delivery.on_done(m.AbortDone(token=to_p2.token, process="p2"))
+        await plane.network.release("p2", "main")
+        await trio.testing.wait_all_tasks_blocked()
         assert done.done.is_set()
 
-    trio.run(run_delivery, test, clock=trio.testing.MockClock(autojump_threshold=0))
+    run(test)
 
 
 def test_aborts_that_queue_behind_a_full_socket_go_as_one_message() -> None:
-    async def test(delivery: AbortDelivery, wire: Wire) -> None:
-        wire.blocked["p1"] = trio.Event()
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        busy, free = trio.Event(), trio.Event()
+
+        async def on_stats(message: m.StatsRequest) -> None:  # p1's receive loop is busy in here
+            busy.set()
+            await free.wait()
+
+        plane.endpoints["p1"].on(m.StatsRequest, on_stats)
+        await plane.endpoints["main"].send("p1", m.StatsRequest(reply_to="main", token=1))
+        await busy.wait()
         first = delivery.deliver("r0", ["p1"])
-        await trio.testing.wait_all_tasks_blocked()  # its send waits for the socket
+        await trio.testing.wait_all_tasks_blocked()  # in p1's inbox, which holds one message
         rest = [delivery.deliver(f"r{i}", ["p1"]) for i in range(1, 1001)]
-        wire.blocked.pop("p1").set()
+        await trio.testing.wait_all_tasks_blocked()  # the next message waits for room
+        free.set()
         await trio.testing.wait_all_tasks_blocked()
-        sizes = [len(message.request_ids) for message in wire.to("p1")]
+        sizes = [len(message.request_ids) for _, message in aborts_to(plane, "p1")]
         assert sizes == [1, aborts.MAX_BATCH, 1000 - aborts.MAX_BATCH]
-        for message in wire.to("p1"):
-            delivery.on_done(m.AbortDone(token=message.token, process="p1"))
+        assert [ids for _, ids in s1.aborts] == [message.request_ids for _, message in aborts_to(plane, "p1")]
         assert first.done.is_set() and all(d.done.is_set() for d in rest)
 
-    trio.run(run_delivery, test, clock=trio.testing.MockClock(autojump_threshold=0))
+    run(test, capacity=1)
 
 
-def test_an_unconfirmed_abort_is_resent_with_a_doubling_interval_until_confirmed() -> None:
-    async def test(delivery: AbortDelivery, wire: Wire) -> None:
+def test_a_lost_confirmation_is_answered_by_a_resend_with_a_doubling_interval() -> None:
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        plane.network.drop("p1", "main", m.AbortDone, count=4)  # the first four confirmations are lost
         start = trio.current_time()
         done = delivery.deliver("r1", ["p1"])
-        await trio.sleep(20)  # the worker never answers
-        times = [round(at - start, 6) for at, _, _ in wire.sent]
-        # Sent at once, then again after 1 s, 2 s, 4 s, 8 s, 8 s: the wait doubles up to RESEND_MAX_S.
-        assert times == [0.0, 1.0, 3.0, 7.0, 15.0]
-        assert len({message.token for _, _, message in wire.sent}) == 1  # the same message each time
-        delivery.on_done(m.AbortDone(token=wire.sent[0][2].token, process="p1"))
-        assert done.done.is_set()
+        await done.done.wait()
+        sent = aborts_to(plane, "p1")
+        # Sent at once, then again after 1 s, 2 s, 4 s, 8 s: the wait doubles up to RESEND_MAX_S, and
+        # the fifth confirmation (the first not lost) ends it.
+        assert [round(at - start, 6) for at, _ in sent] == [0.0, 1.0, 3.0, 7.0, 15.0]
+        assert round(trio.current_time() - start, 6) == 15.0
+        assert len({message.token for _, message in sent}) == 1  # the same message each time
+        assert [round(at - start, 6) for at, _ in s1.aborts] == [0.0, 1.0, 3.0, 7.0, 15.0]  # each one arrived
         await trio.sleep(60)
-        assert len(wire.sent) == 5  # confirmed: never sent again, and the lane sleeps
+        assert len(aborts_to(plane, "p1")) == 5  # confirmed: never sent again, and the queue sleeps
 
-    trio.run(run_delivery, test, clock=trio.testing.MockClock(autojump_threshold=0))
+    run(test)
+
+
+def test_a_lost_abort_is_resent_and_a_duplicated_confirmation_changes_nothing() -> None:
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        plane.network.drop("main", "p1", m.Abort)
+        plane.network.duplicate("p1", "main", m.AbortDone)
+        start = trio.current_time()
+        first = delivery.deliver("r1", ["p1"])
+        await first.done.wait()
+        assert round(trio.current_time() - start, 6) == aborts.RESEND_S
+        assert [round(at - start, 6) for at, _ in s1.aborts] == [aborts.RESEND_S]
+        second = delivery.deliver("r2", ["p1"])  # the duplicate of r1's confirmation does not confirm r2
+        await second.done.wait()
+        (_, to_p1) = aborts_to(plane, "p1")[-1]
+        assert to_p1.request_ids == ("r2",)
+        await trio.sleep(30)
+        assert [ids for _, ids in s1.aborts] == [("r1",), ("r2",)]
+
+    run(test)
 
 
 def test_a_process_that_is_gone_is_no_longer_waited_for() -> None:
-    async def test(delivery: AbortDelivery, wire: Wire) -> None:
-        wire.blocked["p2"] = trio.Event()  # p2's socket is full and stays so: it died
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        plane.network.kill("p2")  # p2 died: what is sent to it is lost
         done = delivery.deliver("r1", ["p1", "p2"])
-        await trio.testing.wait_all_tasks_blocked()
-        (to_p1,) = wire.to("p1")
-        delivery.on_done(m.AbortDone(token=to_p1.token, process="p1"))
+        await trio.sleep(5)
         assert done.waiting == {"p2"}
-        delivery.forget("p2")  # its blocked send is cancelled with its lane
-        assert done.done.is_set()
+        assert [round(at, 6) for at, _ in aborts_to(plane, "p2")] == [0.0, 1.0, 3.0]  # resent meanwhile
+        delivery.forget("p2")
+        assert done.done.is_set() and s2.aborts == []
         await trio.sleep(30)
-        assert wire.to("p2") == []
-        # A process of the same name started again gets a fresh lane.
+        assert len(aborts_to(plane, "p2")) == 3  # not resent any more
+        # A process of the same name started again gets a fresh queue.
+        plane.endpoints["p2"].stop()
+        s2_again = Recorder("s2")
+        await plane.start("p2", s2=s2_again)
         again = delivery.deliver("r2", ["p2"])
-        wire.blocked.pop("p2").set()
-        await trio.testing.wait_all_tasks_blocked()
-        (to_p2,) = wire.to("p2")
-        delivery.on_done(m.AbortDone(token=to_p2.token, process="p2"))
-        assert again.done.is_set()
+        await again.done.wait()
+        assert [ids for _, ids in s2_again.aborts] == [("r2",)]
 
-    trio.run(run_delivery, test, clock=trio.testing.MockClock(autojump_threshold=0))
+    run(test)
 
 
 def test_an_abort_to_no_process_is_done_at_once() -> None:
-    async def test(delivery: AbortDelivery, wire: Wire) -> None:
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
         assert delivery.deliver("r1", []).done.is_set()
         await trio.testing.wait_all_tasks_blocked()
-        assert wire.sent == []
+        assert plane.network.sent(m.Abort) == []
 
-    trio.run(run_delivery, test, clock=trio.testing.MockClock(autojump_threshold=0))
+    run(test)

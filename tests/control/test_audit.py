@@ -9,15 +9,28 @@ import trio.testing
 from omni_trio.control.audit import REPORT_INTERVAL_S, HeldReporter
 
 
-def test_reports_follow_work_and_stop_when_nothing_is_held() -> None:
-    held: list[str] = []
-    reports: list[tuple[float, list[str]]] = []
+class Held:
+    """The requests a worker's stages hold, and the reports made of them (with the mock time)."""
 
-    async def report(ids: list[str]) -> None:
-        reports.append((trio.current_time(), ids))
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.looks: list[float] = []
+        self.reports: list[tuple[float, list[str]]] = []
+
+    def held(self) -> list[str]:
+        self.looks.append(trio.current_time())
+        return list(self.ids)
+
+    async def report(self, held: list[str]) -> None:
+        self.reports.append((trio.current_time(), held))
+
+
+def test_reports_follow_work_and_stop_when_nothing_is_held() -> None:
+    requests = Held()
+    held, reports = requests.ids, requests.reports
 
     async def main() -> None:
-        reporter = HeldReporter(lambda: list(held), report)
+        reporter = HeldReporter(requests)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reporter.run)
             await trio.sleep(100)
@@ -43,19 +56,11 @@ def test_reports_follow_work_and_stop_when_nothing_is_held() -> None:
 def test_letting_go_of_everything_calls_the_pending_look_off() -> None:
     # The usual end of a request: the worker's stages hold nothing any more, so the worker does not
     # even wake to look (an idle pipeline uses no CPU); work arriving again wants a look as before.
-    held: list[str] = []
-    looks: list[float] = []
-    reports: list[list[str]] = []
-
-    def look() -> list[str]:
-        looks.append(trio.current_time())
-        return list(held)
-
-    async def report(ids: list[str]) -> None:
-        reports.append(ids)
+    requests = Held()
+    held, looks = requests.ids, requests.looks
 
     async def main() -> None:
-        reporter = HeldReporter(look, report)
+        reporter = HeldReporter(requests)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reporter.run)
             held.append("r1")
@@ -70,7 +75,7 @@ def test_letting_go_of_everything_calls_the_pending_look_off() -> None:
             reporter.want()
             await trio.sleep(REPORT_INTERVAL_S + 0.5)
             assert [round(at - start, 6) for at in looks] == [REPORT_INTERVAL_S]
-            assert reports == [["r2"]]
+            assert [ids for _, ids in requests.reports] == [["r2"]]
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

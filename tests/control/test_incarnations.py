@@ -18,6 +18,7 @@ import trio
 import zmq
 
 from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.sockets.host import HostSockets
 from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_push
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.wire import messages as m
@@ -34,8 +35,8 @@ async def caller() -> AsyncIterator[tuple[Endpoint, ManualWorkers, SocketPolicy]
     ipc_dir = Path(tempfile.mkdtemp(prefix="ot-inc-"))
     tracer = Tracer(None, "main")
     policy = SocketPolicy(FrameMac(secret, process="main"), 1 << 20, Curve(keys, process="main"))
-    endpoint = Endpoint(process="main", ipc_dir=ipc_dir, placement={"s": "p_far"}, shm_prefix="omnitrio-inc-0",
-                        tracer=tracer, policy=policy, far=frozenset({"p_far"}))
+    endpoint = Endpoint(process="main", sockets=HostSockets(ipc_dir, policy), placement={"s": "p_far"},
+                        shm_prefix="omnitrio-inc-0", tracer=tracer, far=frozenset({"p_far"}))
     workers = ManualWorkers(endpoint, lambda process, main: {"main": main}, ipc_dir)
     try:
         async with trio.open_nursery() as nursery:
@@ -72,15 +73,15 @@ async def test_messages_of_a_superseded_incarnation_are_dropped_and_counted(
     try:
         with trio.fail_after(20):
             pull = bind_pull(ctx, "tcp://127.0.0.1:*", worker_policy)
-            assert endpoint.tcp_endpoint is not None
-            join = connect_push(ctx, endpoint.tcp_endpoint, worker_policy)
+            assert endpoint.tcp_address is not None
+            join = connect_push(ctx, endpoint.tcp_address, worker_policy)
             sockets += [pull, join]
             remote = workers._expected["p_far"]
             await join.send_multipart(encode(m.Join(process="p_far", endpoint=pull.source, pid=1)))
             spec = decode(await pull.recv_multipart())
             assert isinstance(spec, m.JoinSpec)
             main = pickle.loads(spec.spec)["main"]
-            assert main != endpoint.tcp_endpoint  # the incarnation's own listener
+            assert main != endpoint.tcp_address  # the incarnation's own listener
             to_main = connect_push(ctx, main, worker_policy)
             sockets.append(to_main)
             await to_main.send_multipart(encode(m.Ready(process="p_far", stages=["accepted"])))

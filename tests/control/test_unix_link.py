@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.sockets.host import HostSockets
 from omni_trio.control.sockets.unix_link import MAX_FRAMES, UnixPull, UnixPush, _OffLoopConnect, message_head
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
 from omni_trio.control.wire import messages as m
@@ -260,13 +261,15 @@ async def test_an_endpoint_counts_what_it_could_not_deliver_and_reaches_a_restar
 
     def endpoint(process: str) -> Endpoint:
         policy = SocketPolicy(FrameMac(secret, process=process), 1 << 20)
-        return Endpoint(process=process, ipc_dir=directory, placement={"s": "p_b"}, shm_prefix=f"ot-link-{process}",
-                        tracer=Tracer(None, process), policy=policy)
+        return Endpoint(process=process, sockets=HostSockets(directory, policy), placement={"s": "p_b"},
+                        shm_prefix=f"ot-link-{process}", tracer=Tracer(None, process))
 
     arrived: list[m.StatsRequest] = []
+    arrival = trio.Event()
 
     async def on_stats(message: m.StatsRequest) -> None:
         arrived.append(message)
+        arrival.set()
 
     try:
         with trio.fail_after(10):
@@ -279,9 +282,9 @@ async def test_an_endpoint_counts_what_it_could_not_deliver_and_reaches_a_restar
                     worker = endpoint("p_b")
                     worker.on(m.StatsRequest, on_stats)
                     await nursery.start(worker.serve)
+                    arrival = trio.Event()
                     await main.send("p_b", m.StatsRequest(reply_to="main", token=token))
-                    while len(arrived) < token - 1:
-                        await trio.sleep(0.01)
+                    await arrival.wait()
                     worker.stop()
                     await trio.testing.wait_all_tasks_blocked()
                 assert [message.token for message in arrived] == [2, 3] and main.undeliverable == 1

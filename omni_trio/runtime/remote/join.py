@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.sockets.base import Inbox
 from omni_trio.control.sockets.zmq_sockets import connect_watched, wait_dropped
 from omni_trio.control.sockets.zmq_trio import TrioSocket
 from omni_trio.control.wire import messages as m
@@ -134,7 +135,7 @@ class _Incarnation:
     superseded), and the caller's watched connection to it."""
 
     process: str
-    listener: TrioSocket | None = None
+    listener: Inbox | None = None
     watch: TrioSocket | None = None
     monitor: TrioSocket | None = None
     current: bool = True
@@ -168,7 +169,7 @@ class ManualWorkers:
     def key(self, process: str, host: str) -> KeyFile:
         """What ``process``'s worker needs to join (``host``: where it binds)."""
         curve = self._endpoint.policy.curve
-        join = self._endpoint.tcp_endpoint
+        join = self._endpoint.tcp_address
         assert curve is not None and join is not None, "a remote worker needs the caller's tcp endpoint"
         return KeyFile(
             join=join, process=process, host=host, curve_public=curve.keys.public.decode(),
@@ -198,7 +199,7 @@ class ManualWorkers:
     async def _on_join(self, message: m.Join) -> None:
         process = message.process
         remote = self._expected.get(process)
-        join = self._endpoint.tcp_endpoint
+        join = self._endpoint.tcp_address
         # A worker given up on before it joined (its attempt timed out) is not waited for any more.
         if remote is None or remote.joined.is_set() or remote.given_up or join is None or not (
             message.endpoint.startswith("tcp://")

@@ -137,7 +137,7 @@ async def serve(
                     raise
                 # Start-up is over: full collections skip what it made from now on (runtime/heap.py).
                 freeze_startup_heap()
-                ready = m.Ready(process=spec.process, stages=list(stages), endpoint=endpoint.tcp_endpoint or "")
+                ready = m.Ready(process=spec.process, stages=list(stages), endpoint=endpoint.tcp_address or "")
                 await endpoint.send("main", ready)
                 await shutdown.wait()
                 async with trio.open_nursery() as stopping:
