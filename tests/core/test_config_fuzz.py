@@ -15,11 +15,11 @@ BASE: dict[str, Any] = {
     "name": "p", "entry_stage": "a", "max_in_flight": 4,
     "stages": [
         {"name": "a", "factory_path": "tests.stages.create_append", "factory": {"tag": "a"}, "process": "p_a",
-         "next": ["b"], "restart": "on-failure", "max_restarts": 2, "restart_backoff_s": 0.1,
-         "comm": {"slot_size_mb": 8, "credits": 2, "pool_mb": 16}},
+         "next": ["b"], "comm": {"slot_size_mb": 8, "credits": 2, "pool_mb": 16}},
         {"name": "b", "factory_path": "tests.stages.create_append", "factory": {"tag": "b"}, "terminal": True,
          "replicas": 2, "process": "p_b"},
     ],
+    "processes": {"p_a": {"restart": "on-failure", "max_restarts": 2, "restart_backoff_s": 0.1}},
     "endpoints": {"max_message_bytes": 1 << 20},
     "stream_delivery": {"max_total_backlog_bytes": 1 << 20},
     "serve": {"model": "m", "adapter": "tests.serve.adapters.TrailAdapter", "grace_period_s": 1.0,
@@ -32,7 +32,9 @@ WEIRD: list[Any] = [None, True, False, 0, -1, 1.5, float("nan"), float("inf"), "
 def _tables(config: dict[str, Any]) -> list[dict[str, Any]]:
     stages = [s for s in config["stages"] if isinstance(s, dict)]
     nested = [t for s in stages for t in s.values() if isinstance(t, dict)]
-    return [config, *stages, *nested, *(t for t in config.values() if isinstance(t, dict))]
+    top = [t for t in config.values() if isinstance(t, dict)]
+    entries = [t for table in top for t in table.values() if isinstance(t, dict)]  # processes["p_a"]
+    return [config, *stages, *nested, *top, *entries]
 
 
 def test_fuzzed_config_dicts_are_refused_or_of_declared_types() -> None:
