@@ -9,6 +9,7 @@ from typing import Any
 from omni_trio import (
     Outbox,
     OutgoingMessage,
+    QueueFullError,
     SessionScheduler,
     SimpleScheduler,
     StagePayload,
@@ -39,6 +40,15 @@ def create_fail_on(word: str, tag: str = "fragile", inline: bool = False):
         return append_tag(payload, tag)
 
     return SimpleScheduler(fn, inline=inline)
+
+
+def create_refuse():
+    """Refuses every request as a full scheduler does (``QueueFullError``), with a text of its own."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        raise QueueFullError("no room here")
+
+    return SimpleScheduler(fn)
 
 
 def blocking_until_aborted(

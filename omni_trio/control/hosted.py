@@ -54,7 +54,7 @@ class HostedStage(Protocol):
     ) -> None:
         """An upstream stream ended (or failed with ``error``)."""
 
-    async def send_failure(self, request_id: str, error: str) -> None:
+    async def send_failure(self, request_id: str, error: str, *, refused: bool = False) -> None:
         """Fail ``request_id`` here: report it to the coordinator and drop its state."""
 
     def abort_requests(self, request_ids: Collection[str]) -> None:

@@ -91,13 +91,15 @@ class RemoteCoordinatorLink:
     def _address(self, from_stage: str) -> str:
         return from_stage if self._replica is None else replica_name(from_stage, self._replica)
 
-    async def complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
+    async def complete(
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None, refused: bool = False
+    ) -> None:
         """Send the terminal result (through the data plane: it may hold tensors) or a failure."""
         from_stage = self._address(from_stage)
         if error is not None:
-            await self._endpoint.send(
-                "main", m.Complete(request_id=request_id, from_stage=from_stage, success=False, error=error)
-            )
+            failure = m.Complete(request_id=request_id, from_stage=from_stage, success=False, error=error,
+                                 refused=refused)
+            await self._endpoint.send("main", failure)
             return
         await self._endpoint.send_object(
             result,

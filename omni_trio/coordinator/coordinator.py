@@ -351,15 +351,17 @@ class Coordinator:
 
     # ------------------------------------------------------------------ stage reports
 
-    def on_complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
-        """A stage reported a terminal result, or a failure (``error`` set)."""
+    def on_complete(
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None, refused: bool = False
+    ) -> None:
+        """A stage reported a terminal result, or a failure (``error`` set; ``refused``: for lack of room)."""
         live = self._live.get(request_id)
         if live is None:
             return
         if error is not None:
             if self._tracer.enabled:
                 self._tracer.event("request_failed", request_id=request_id, stage=from_stage, error=error)
-            failure = RequestQueueFull if QUEUE_FULL_TEXT in error else RequestFailed
+            failure = RequestQueueFull if refused else RequestFailed
             self._resolve(live, outcome.Error(failure(request_id, from_stage, error)))
             self._aborts.start(request_id)
             return

@@ -28,7 +28,8 @@ def route_stage_reports(coordinator: Coordinator, endpoint: Endpoint) -> None:
         request_id, address = message.request_id, message.from_stage
         stage = logical_name(address)
         if not message.success or message.data_ref is None:
-            coordinator.on_complete(request_id, stage, error=message.error or "failed without an error text")
+            error = message.error or "failed without an error text"
+            coordinator.on_complete(request_id, stage, error=error, refused=message.refused)
             return
 
         async def deliver(result: Any) -> None:

@@ -42,9 +42,10 @@ class CoordinatorLink(Protocol):
     """A stage's edge to the coordinator."""
 
     async def complete(
-        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None, refused: bool = False
     ) -> None:
-        """Report a terminal result, or (``error`` set) a failure of the request."""
+        """Report a terminal result, or (``error`` set) a failure of the request (``refused``: for lack of
+        room, a scheduler's ``QueueFullError``)."""
 
     async def stream(
         self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None
@@ -55,8 +56,10 @@ class CoordinatorLink(Protocol):
 class CoordinatorReports(Protocol):
     """What a stage's same-process edge reports to: the coordinator's side of :class:`CoordinatorLink`."""
 
-    def on_complete(self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None) -> None:
-        """A stage reported a terminal result, or a failure (``error`` set)."""
+    def on_complete(
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None, refused: bool = False
+    ) -> None:
+        """A stage reported a terminal result, or a failure (``error`` set; ``refused``: for lack of room)."""
 
     def on_stream(self, request_id: str, from_stage: str, chunk: Any, chunk_id: int, modality: str | None) -> None:
         """A terminal stage streamed a chunk."""
@@ -144,12 +147,12 @@ class LocalCoordinatorLink:
         self._transports = transports
 
     async def complete(
-        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None
+        self, request_id: str, from_stage: str, *, result: Any = None, error: str | None = None, refused: bool = False
     ) -> None:
         """Report completion or failure."""
         if error is None:
             self._transports(from_stage).note("result", COORDINATOR, "local_object", tensor_bytes(result))
-        self._coordinator.on_complete(request_id, from_stage, result=result, error=error)
+        self._coordinator.on_complete(request_id, from_stage, result=result, error=error, refused=refused)
 
     async def stream(
         self, request_id: str, from_stage: str, chunks: list[Any], first_chunk_id: int, modality: str | None

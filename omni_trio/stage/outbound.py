@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
-from omni_trio.errors import describe_error
+from omni_trio.errors import QueueFullError, describe_error
 from omni_trio.payload import RoutedPayloads, StagePayload, StreamItem
 from omni_trio.scheduling.protocol import OutgoingMessage, ResultOwner
 from omni_trio.scheduling.session_operation import SessionOperation
@@ -51,7 +51,7 @@ class RequestKeeper(Protocol):
     def clear_request_state(self, request_id: str) -> None:
         """Forget the stage's state of ``request_id`` (its result was routed)."""
 
-    async def send_failure(self, request_id: str, error: str) -> None:
+    async def send_failure(self, request_id: str, error: str, *, refused: bool = False) -> None:
         """Fail ``request_id`` with ``error`` (a routing hook or a transport failed)."""
 
 
@@ -157,7 +157,8 @@ class Outbound:
                 "and is not terminal; set stream_to or OutgoingMessage.target",
             )
         elif out.type == "error":
-            await self._stage.send_failure(request_id, describe_error(out.data))
+            await self._stage.send_failure(request_id, describe_error(out.data),
+                                           refused=isinstance(out.data, QueueFullError))
         elif out.type == "kv_transfer":
             await self._stage.send_failure(request_id, "kv_transfer unsupported: omni-trio does not move KV pages")
 

@@ -25,7 +25,7 @@ from omni_trio.config import StageConfig
 from omni_trio.config.hooks import import_string
 from omni_trio.config.replicas import replica_name
 from omni_trio.control.bindings import BindingTable
-from omni_trio.errors import StageStartupError, describe_error
+from omni_trio.errors import QueueFullError, StageStartupError, describe_error
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.idset import BoundedIdSet
@@ -372,7 +372,8 @@ class Stage:
         try:
             self._enqueue(IncomingMessage(request_id, "new_request", payload))
         except Exception as exc:  # noqa: BLE001 - a scheduler refusing one request fails only it
-            await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}")
+            await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}",
+                                    refused=isinstance(exc, QueueFullError))
 
     async def _admit_session(self, request_id: str, payload: StagePayload, operation: SessionOperation) -> bool:
         """Abort what the operation preempts; check an append's route and forward it to the next owner."""
@@ -481,15 +482,16 @@ class Stage:
         self._stream_open.discard(request_id)
         self._outbound.forget(request_id)
 
-    async def send_failure(self, request_id: str, error: str) -> None:
-        """Fail ``request_id`` here: report it to the coordinator and drop its state."""
+    async def send_failure(self, request_id: str, error: str, *, refused: bool = False) -> None:
+        """Fail ``request_id`` here: report it to the coordinator and drop its state (``refused``: the
+        stage had no room for it, which the caller gets as ``RequestQueueFull``)."""
         self._retire((request_id,))
         self.clear_request_state(request_id)
         self.let_go(request_id)
         if self._tracer.enabled:
             self._tracer.event("stage_failed", request_id=request_id, stage=self.name, error=error)
         try:
-            await self._coordinator.complete(request_id, self.name, error=error)
+            await self._coordinator.complete(request_id, self.name, error=error, refused=refused)
         except Exception as exc:  # noqa: BLE001 - the coordinator may be gone at shutdown
             log.warning("failure_report_failed", stage=self.name, request_id=request_id, error=describe_error(exc))
 

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 import omni_trio as ot
+from omni_trio.errors import QUEUE_FULL_TEXT
 from tests.placement import build, stage
 
 
@@ -28,6 +29,26 @@ async def test_compute_error_fails_only_that_request(placement: str) -> None:
             assert error.error == "ValueError: cannot handle 'poison'"
             assert "'b'" in str(error) and "cannot handle 'poison'" in str(error)
             assert await pipeline.submit("good", "fine") == {"trail": ["fine", "a", "b"]}
+            assert (await pipeline.stats()).idle
+
+
+async def test_an_error_is_a_refusal_by_what_happened_never_by_its_text(placement: str) -> None:
+    """A stage's own error that reads like a full queue is a plain RequestFailed; a scheduler's
+    QueueFullError is a RequestQueueFull (the ``ot.QueueFullError`` to catch) whatever its text says."""
+    config = build(
+        placement,
+        stage("a", "create_fail_on", factory={"word": QUEUE_FULL_TEXT, "tag": "a"}, next="b"),
+        stage("b", "create_refuse", terminal=True),
+    )
+    with trio.fail_after(30):
+        async with ot.open_pipeline(config) as pipeline:
+            error = await expect_failure(pipeline, "lookalike", QUEUE_FULL_TEXT)
+            assert QUEUE_FULL_TEXT in error.error
+            assert type(error) is ot.RequestFailed and not isinstance(error, ot.QueueFullError)
+            error = await expect_failure(pipeline, "refused", "x")
+            assert isinstance(error, ot.RequestQueueFull) and isinstance(error, ot.QueueFullError)
+            assert error.stage == "b" and "no room here" in error.error
+            assert QUEUE_FULL_TEXT not in error.error
             assert (await pipeline.stats()).idle
 
 

@@ -1,5 +1,5 @@
 """A bounded scheduler inbox: beyond ``max_pending`` waiting requests, a new request fails at once
-with a RequestFailed that names the limit; the others are served once the stage gets going."""
+with a RequestQueueFull (a RequestFailed) that names the limit; the others are served once the stage gets going."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_request_beyond_max_pending_fails_clearly_and_the_others_complete(
         stages.GATES.pop(name, None)
 
     (error,) = refused
-    assert error.stage == "gated"
+    assert error.stage == "gated" and isinstance(error, ot.RequestQueueFull)
     assert "max_pending=2" in error.error and "stage inbox is full" in error.error
     assert len(results) == 3 and "r0" in results
     assert error.request_id not in results

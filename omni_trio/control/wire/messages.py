@@ -212,9 +212,12 @@ class Complete(ControlMessage):
     success: bool = attrs.field(validator=fields.exact(bool))
     error: str | None = attrs.field(default=None, validator=fields.opt_str)
     data_ref: dict[str, Any] | None = attrs.field(default=None, validator=fields.opt_map)
+    #: The failure is a refusal for lack of room (a scheduler's ``QueueFullError``): the caller gets a
+    #: ``RequestQueueFull``, decided by this flag and never by the error's text.
+    refused: bool = attrs.field(default=False, validator=fields.exact(bool))
 
     def __attrs_post_init__(self) -> None:
-        if self.success and (self.error is not None or self.data_ref is None):
+        if self.success and (self.error is not None or self.data_ref is None or self.refused):
             raise ValueError("Complete: a successful completion carries a data_ref and no error")
         if not self.success and (not self.error or self.data_ref is not None):
             raise ValueError("Complete: a failure carries an error text and no data_ref")
