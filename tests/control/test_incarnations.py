@@ -77,7 +77,7 @@ async def test_messages_of_a_superseded_incarnation_are_dropped_and_counted(
             join = connect_push(ctx, endpoint.tcp_address, worker_policy)
             sockets += [pull, join]
             remote = workers._expected["p_far"]
-            await join.send_multipart(encode(m.Join(process="p_far", endpoint=pull.source, pid=1)))
+            await join.send_multipart(encode(m.Join(process="p_far", address=pull.source, pid=1)))
             spec = decode(await pull.recv_multipart())
             assert isinstance(spec, m.JoinSpec)
             main = pickle.loads(spec.spec)["main"]

@@ -252,7 +252,7 @@ async def test_worker_to_worker_edges_cross_namespaces_over_tcp(hosts: Hosts, tm
     with trio.fail_after(90):
         async with in_namespace(hosts.near, _caller("chain", hosts), tmp_dir, **env) as caller:
             # Both local workers listen on TCP (they have an edge with the far worker) before it joins.
-            pattern = r"tcp_listening .*endpoint=(\S+) pid=\d+ process={}$"
+            pattern = r"tcp_listening .*address=(\S+) pid=\d+ process={}$"
             with trio.move_on_after(60) as waiting:  # ~1 s when all is well; say what the caller logged if not
                 listening = {
                     process: (await caller.line("err", pattern.format(process))).group(1) for process in ("p_a", "p_b")
@@ -293,7 +293,7 @@ async def test_a_restarted_local_worker_is_found_again_by_the_remote_one(hosts: 
                 await caller.process.wait()
             assert caller.process.returncode == 0, caller.lines["err"][-20:]
             assert worker.process.returncode == 0, worker.lines["err"][-20:]
-    pattern = re.compile(r"tcp_listening .*endpoint=(\S+) pid=(\d+) process=p_a$")
+    pattern = re.compile(r"tcp_listening .*address=(\S+) pid=(\d+) process=p_a$")
     incarnations = [match.groups() for line in caller.lines["err"] if (match := pattern.search(line))]
     assert len(incarnations) == 2 and incarnations[0][0] == incarnations[1][0], incarnations
     assert incarnations[0][1] != incarnations[1][1]

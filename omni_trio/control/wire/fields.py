@@ -104,22 +104,22 @@ def str_tuple(value: object) -> tuple[str, ...]:
 
 
 #: Where a process receives over TCP: ``tcp://HOST:PORT`` (an IPv4 address, ``[IPv6]`` or a host name).
-_TCP_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
+_TCP_ADDRESS = re.compile(r"tcp://(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}):[0-9]{1,5}")
 
 
-def opt_tcp_endpoint(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """'' or a ``tcp://HOST:PORT`` endpoint."""
-    if type(value) is not str or (value and not _TCP_ENDPOINT.fullmatch(value)):
-        raise ValueError(f"{attribute.name} must be '' or a tcp://HOST:PORT endpoint, got {str(value)[:80]!r}")
+def opt_tcp_address(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """'' or a ``tcp://HOST:PORT`` address."""
+    if type(value) is not str or (value and not _TCP_ADDRESS.fullmatch(value)):
+        raise ValueError(f"{attribute.name} must be '' or a tcp://HOST:PORT address, got {str(value)[:80]!r}")
 
 
 def peer_addresses(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     """``{process name: tcp://HOST:PORT}``."""
     if type(value) is not dict:
         raise TypeError(f"{attribute.name} must be a map, got {type(value).__name__}")
-    for process, endpoint in value.items():
+    for process, address in value.items():
         if type(process) is not str or not _PROCESS_NAME.fullmatch(process):
             raise ValueError(f"{attribute.name}: keys must be process names, got {str(process)[:80]!r}")
-        if type(endpoint) is not str or not _TCP_ENDPOINT.fullmatch(endpoint):
-            raise ValueError(f"{attribute.name}[{process!r}] must be a tcp://HOST:PORT endpoint, "
-                             f"got {str(endpoint)[:80]!r}")
+        if type(address) is not str or not _TCP_ADDRESS.fullmatch(address):
+            raise ValueError(f"{attribute.name}[{process!r}] must be a tcp://HOST:PORT address, "
+                             f"got {str(address)[:80]!r}")

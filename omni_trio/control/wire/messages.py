@@ -279,20 +279,20 @@ class Shutdown(ControlMessage):
 class Ready(ControlMessage):
     """Worker process → runner: all its stages are built and listening.
 
-    ``endpoint``: where it also receives over TCP (CURVE; a worker that joined, or a local one with
+    ``address``: where it also receives over TCP (CURVE; a worker that joined, or a local one with
     an edge to or from one), '' if nowhere.
     """
 
     process: str = attrs.field(validator=fields.process_name)
     stages: tuple[str, ...] = attrs.field(converter=fields.str_tuple)
-    endpoint: str = attrs.field(default="", validator=fields.opt_tcp_endpoint)
+    address: str = attrs.field(default="", validator=fields.opt_tcp_address)
 
 
 @message("peer_addresses")
 @attrs.frozen
 class PeerAddresses(ControlMessage):
     """Runner → worker, once every worker is ready (and again when one restarted): the ``tcp://``
-    endpoints of the peers it exchanges messages with over TCP (``{process: endpoint}``). Until it
+    addresses of the peers it exchanges messages with over TCP (``{process: address}``). Until it
     arrives, a worker's first message to such a peer waits for it."""
 
     addresses: dict[str, str] = attrs.field(validator=fields.peer_addresses)
@@ -301,10 +301,10 @@ class PeerAddresses(ControlMessage):
 @message("join")
 @attrs.frozen
 class Join(ControlMessage):
-    """A ``manual`` worker → runner, over TCP: ``process`` is here, receiving at ``endpoint``."""
+    """A ``manual`` worker → runner, over TCP: ``process`` is here, receiving at ``address``."""
 
     process: str = attrs.field(validator=fields.process_name)
-    endpoint: str = attrs.field(validator=fields.nonempty_str)
+    address: str = attrs.field(validator=fields.nonempty_str)
     pid: int = attrs.field(validator=fields.nonneg_int)
 
 

@@ -170,7 +170,7 @@ class ManualWorkers:
         """What ``process``'s worker needs to join (``host``: where it binds)."""
         curve = self._endpoint.policy.curve
         join = self._endpoint.tcp_address
-        assert curve is not None and join is not None, "a remote worker needs the caller's tcp endpoint"
+        assert curve is not None and join is not None, "a remote worker needs the caller's tcp address"
         return KeyFile(
             join=join, process=process, host=host, curve_public=curve.keys.public.decode(),
             curve_secret=curve.keys.secret.decode(), secret=self._endpoint.policy.auth.secret.hex(),
@@ -202,7 +202,7 @@ class ManualWorkers:
         join = self._endpoint.tcp_address
         # A worker given up on before it joined (its attempt timed out) is not waited for any more.
         if remote is None or remote.joined.is_set() or remote.given_up or join is None or not (
-            message.endpoint.startswith("tcp://")
+            message.address.startswith("tcp://")
         ):
             log.warning("unexpected_join", process=process)
             return
@@ -217,9 +217,9 @@ class ManualWorkers:
 
         # Its own listener, on the caller's host (any free port): superseding it closes that door.
         incarnation.listener = self._endpoint.receive_also(f"{join.rsplit(':', 1)[0]}:*", admit)
-        self._endpoint.learn_address(process, message.endpoint)
+        self._endpoint.learn_address(process, message.address)
         # A connection of our own to the worker: its drop is the worker's death.
-        watch, monitor = connect_watched(self._endpoint.context, message.endpoint, self._endpoint.policy)
+        watch, monitor = connect_watched(self._endpoint.context, message.address, self._endpoint.policy)
         incarnation.watch, incarnation.monitor = watch, monitor
         self._endpoint.adopt(watch)
         self._endpoint.adopt(monitor)
@@ -228,7 +228,7 @@ class ManualWorkers:
         await watch.send_multipart(encode(m.JoinSpec(spec=spec)))
         remote.joined.set()
         log.info(
-            "manual_worker_joined", process=process, pid=message.pid, endpoint=message.endpoint, incarnation=number
+            "manual_worker_joined", process=process, pid=message.pid, address=message.address, incarnation=number
         )
         assert self._nursery is not None
         self._nursery.start_soon(self._watch, incarnation, remote)

@@ -87,7 +87,7 @@ async def join(join_address: str, key: KeyFile) -> None:
     local_dir: str | None = None
     try:
         with trio.fail_after(JOIN_TIMEOUT_S):
-            await to_caller.send_multipart(encode(m.Join(process=key.process, endpoint=pull.source, pid=os.getpid())))
+            await to_caller.send_multipart(encode(m.Join(process=key.process, address=pull.source, pid=os.getpid())))
             raw = await _spec_from(pull)
         spec: WorkerSpec = pickle.loads(raw)  # sealed with the run's secret, over CURVE: from the caller
         sys.path[:0] = [p for p in spec.sys_path if p not in sys.path and os.path.isdir(p)]

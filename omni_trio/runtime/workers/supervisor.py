@@ -140,7 +140,7 @@ class Supervisor:
         self._spawn_lock = trio.Lock()
         #: Local groups that also receive over TCP, and where each process receives over TCP (from its Ready).
         self._listeners = tcp_listeners(config.processes, process_edges(config))
-        self._tcp_endpoints: dict[str, str] = {}
+        self._tcp_addresses: dict[str, str] = {}
         endpoint.on(m.Ready, self._on_ready)
         self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
 
@@ -199,15 +199,15 @@ class Supervisor:
             raise StageStartupError(f"process(es) {late} not ready within the start-up timeout of {timeout:g} s")
 
     def _peer_addresses(self, process: str) -> dict[str, str]:
-        """The ``tcp://`` endpoints of the workers ``process`` reaches over TCP (it or they joined over TCP)."""
+        """The ``tcp://`` addresses of the workers ``process`` reaches over TCP (it or they joined over TCP)."""
         processes = self._config.processes
         return {
-            peer: endpoint for peer, endpoint in self._tcp_endpoints.items()
+            peer: address for peer, address in self._tcp_addresses.items()
             if peer != process and (joins(processes, process) or joins(processes, peer))
         }
 
     async def announce_peers(self) -> None:
-        """Send every ready worker the ``tcp://`` endpoints of the peers it reaches over TCP: the ports
+        """Send every ready worker the ``tcp://`` addresses of the peers it reaches over TCP: the ports
         of the local listeners and of the workers that joined are known only once all are ready. Nothing
         in a run where no worker joined over TCP."""
         if not any(joins(self._config.processes, name) for name in self.workers):
@@ -239,7 +239,7 @@ class Supervisor:
         listens = split_replica(process)[0] in self._listeners
         curve = self._endpoint.policy.curve
         # A restarted listener binds its predecessor's port, and knows its peers already.
-        listen = self._tcp_endpoints.get(process) or f"tcp://{host_of(self._config.processes, process)}:*"
+        listen = self._tcp_addresses.get(process) or f"tcp://{host_of(self._config.processes, process)}:*"
         return WorkerSpec(
             config=self._config,
             process=process,
@@ -257,8 +257,8 @@ class Supervisor:
     async def _on_ready(self, message: m.Ready) -> None:
         worker = self.workers.get(message.process)
         if worker is not None:
-            if message.endpoint:
-                self._tcp_endpoints[message.process] = message.endpoint
+            if message.address:
+                self._tcp_addresses[message.process] = message.address
             worker.settled.set()
 
     async def _watch_exit(self, worker: Worker) -> None:

@@ -128,7 +128,7 @@ async def serve(
                 # An edge to or from a worker that joined over TCP: it reaches us here (CURVE), at
                 # the port our Ready reports.
                 listening = endpoint.listen_tcp(spec.listen)
-                log.info("tcp_listening", process=spec.process, pid=os.getpid(), endpoint=listening)
+                log.info("tcp_listening", process=spec.process, pid=os.getpid(), address=listening)
             try:
                 try:
                     stages = await _start_stages(spec, endpoint, tracer, nursery, shutdown)
@@ -137,7 +137,7 @@ async def serve(
                     raise
                 # Start-up is over: full collections skip what it made from now on (runtime/heap.py).
                 freeze_startup_heap()
-                ready = m.Ready(process=spec.process, stages=list(stages), endpoint=endpoint.tcp_address or "")
+                ready = m.Ready(process=spec.process, stages=list(stages), address=endpoint.tcp_address or "")
                 await endpoint.send("main", ready)
                 await shutdown.wait()
                 async with trio.open_nursery() as stopping:
