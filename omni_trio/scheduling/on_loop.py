@@ -21,8 +21,8 @@ import collections
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -36,21 +36,28 @@ def is_async_callable(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
+class LoopCompute(Protocol):
+    """A scheduler whose requests :class:`LoopComputes` computes on the stage's loop."""
+
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
+        """Compute ``msg``'s request and emit its outcome; must not raise ``Exception`` (user errors
+        become ``error`` messages)."""
+
+
 class LoopComputes:
     """Runner tasks on the stage's loop that compute queued requests, ``concurrency`` at a time.
 
-    ``run(msg)`` is the scheduler's own compute-and-emit for one request (it
-    must not raise ``Exception``: user errors become ``error`` messages
-    there). Requests start in arrival order; with one runner they also
-    finish in it. :meth:`cancel` cancels a running compute (an abort);
+    ``scheduler.compute_on_loop(msg)`` computes and emits one request.
+    Requests start in arrival order; with one runner they also finish in it.
+    :meth:`cancel` cancels a running compute (an abort);
     :meth:`stop` lets the running computes finish and starts no more;
     :meth:`wait_finished` (on the scheduler thread) returns once every
     runner has ended, so the stage's wait for its scheduler thread covers
     the computes on the loop too.
     """
 
-    def __init__(self, run: Callable[[IncomingMessage], Awaitable[None]], concurrency: int) -> None:
-        self._run = run
+    def __init__(self, scheduler: LoopCompute, concurrency: int) -> None:
+        self._scheduler = scheduler
         self._concurrency = concurrency
         #: Requests waiting for a runner, oldest first (``max_pending`` counts them).
         self.waiting: collections.deque[IncomingMessage] = collections.deque()
@@ -125,7 +132,7 @@ class LoopComputes:
                 with trio.CancelScope() as scope:
                     self._scopes[msg.request_id] = scope
                     try:
-                        await self._run(msg)
+                        await self._scheduler.compute_on_loop(msg)
                     finally:
                         del self._scopes[msg.request_id]
                 if self.waiting:

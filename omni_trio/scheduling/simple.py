@@ -129,7 +129,7 @@ class SimpleScheduler(BatchingOptions):
         self.busy = BusyTime()
         #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on threads.
         self._on_loop = (
-            LoopComputes(self._run_one_async, self.max_concurrency)
+            LoopComputes(self, self.max_concurrency)
             if is_async_callable(compute_fn) and batch_compute_fn is None and not inline
             else None
         )
@@ -387,7 +387,7 @@ class SimpleScheduler(BatchingOptions):
             return
         self._emit_result(request_id, result)
 
-    async def _run_one_async(self, msg: IncomingMessage) -> None:
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
         """:meth:`_run_one` for an ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
         request_id = msg.request_id
         if self._skip_before_compute(msg):

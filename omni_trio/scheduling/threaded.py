@@ -101,7 +101,7 @@ class ThreadedSimpleScheduler:
         self.busy = BusyTime()
         #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on the pool.
         self._on_loop = (
-            LoopComputes(self._run_one_async, self.max_concurrency)
+            LoopComputes(self, self.max_concurrency)
             if dispatch_fn is None and self.max_concurrency is not None and is_async_callable(compute_fn)
             else None
         )
@@ -253,7 +253,7 @@ class ThreadedSimpleScheduler:
             self._computes.finish((request_id,))
             loop.close()
 
-    async def _run_one_async(self, msg: IncomingMessage) -> None:
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
         """One request's ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
         request_id = msg.request_id
         if self._speculative.pop(request_id):
