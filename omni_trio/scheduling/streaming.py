@@ -48,6 +48,13 @@ class StreamingSimpleScheduler(StreamingCore):
 
     ``max_pending`` bounds the new requests waiting in the inbox (see
     :meth:`enqueue`); stream chunks and signals are never refused.
+
+    A request id may serve again once its request completed here: nothing of
+    the finished request is kept but, when it completed before its
+    ``stream_done`` came, one mark that ignores that late done
+    (:attr:`completed_request_ids`). A chunk under a completed id starts the
+    new request (a chunk never follows its own stream's done). An aborted id
+    stays aborted: what still comes for it is skipped.
     """
 
     can_batch_stream_chunks: bool = False
@@ -201,7 +208,9 @@ class StreamingSimpleScheduler(StreamingCore):
         active = [msg for msg in batch if not self.is_aborted(msg.request_id)]
         with self.state_lock:
             for msg in active:
-                self.pending_done.discard(msg.request_id)
+                if msg.request_id in self.pending_done:
+                    self.pending_done.discard(msg.request_id)
+                    self._stream_ended.add(msg.request_id)
         valid: list[IncomingMessage] = []
         for msg in active:
             try:
@@ -246,7 +255,23 @@ class StreamingSimpleScheduler(StreamingCore):
             self.emit_error(request_id, outcome)
         else:
             self.emit_result(request_id, outcome)
-        self.completed_request_ids.add(request_id)
+        self._completed(request_id)
+
+    def _completed(self, request_id: str) -> None:
+        """``request_id`` finished here: clear its state, and remember it if a done signal may still come.
+
+        A ``stream_done`` ends a request's stream once: after one arrived, the next
+        done under this id belongs to a new request that reuses the id. Until one
+        arrived, the next done may be this request's own, late (its stream ended on
+        another path than its payload came by), and is ignored once (see
+        :meth:`handle_stream_done`). Nothing else of the request is kept, so the id can
+        serve a new request with nothing of this one applied to it.
+        """
+        with self.state_lock:
+            ended = request_id in self._stream_ended
+            self.clear_request_state(request_id)
+            if not ended:
+                self.completed_request_ids.add(request_id)
 
     # ------------------------------------------------------------------
     # stream_chunk / stream_done
@@ -285,18 +310,19 @@ class StreamingSimpleScheduler(StreamingCore):
     def handle_stream_chunk(self, request_id: str, item: object) -> None:
         """Feed one chunk to :meth:`on_stream_chunk` and emit its messages."""
         chunk = self.validate_stream_chunk_item(request_id, item)
-        if request_id in self.completed_request_ids:
-            # The request already finished here; new state for it would leak.
-            return
         with self.state_lock:
+            # A chunk never follows its stream's done: under a completed id it starts a new request.
+            self.completed_request_ids.discard(request_id)
             self._put_unless_aborted(request_id, self.busy.call(self.on_stream_chunk, request_id, chunk))
 
     def handle_stream_chunk_batch(self, batch: list[IncomingMessage]) -> None:
         """Validate a chunk batch and hand it to :meth:`on_stream_chunk_batch`."""
         items: list[tuple[str, StreamItem]] = []
         for msg in batch:
-            if self.is_aborted(msg.request_id) or msg.request_id in self.completed_request_ids:
+            if self.is_aborted(msg.request_id):
                 continue
+            # A chunk never follows its stream's done: under a completed id it starts a new request.
+            self.completed_request_ids.discard(msg.request_id)
             try:
                 items.append((msg.request_id, self.validate_stream_chunk_item(msg.request_id, msg.data)))
             except Exception as exc:  # noqa: BLE001 - the error message carries it to the caller
@@ -314,11 +340,12 @@ class StreamingSimpleScheduler(StreamingCore):
         """End of the request's stream: complete it, or latch it until the payload."""
         with self.state_lock:
             if request_id not in self.stream_payloads:
-                if request_id in self.completed_request_ids:
-                    return
+                if self.completed_request_ids.pop(request_id):
+                    return  # the late done of the request that completed under this id (see _completed)
                 self.pending_done.add(request_id)
                 self._put_unless_aborted(request_id, self.busy.call(self.on_stream_done_before_payload, request_id))
                 return
+            self._stream_ended.add(request_id)
             messages = self.busy.call(self.on_stream_done, request_id)
             if messages is not None:
                 self.complete_stream_request(request_id, messages)
@@ -332,5 +359,4 @@ class StreamingSimpleScheduler(StreamingCore):
         with self.state_lock:
             self._put_unless_aborted(request_id, messages)
             if not self.is_aborted(request_id):
-                self.clear_request_state(request_id)
-                self.completed_request_ids.add(request_id)
+                self._completed(request_id)

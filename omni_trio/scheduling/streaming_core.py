@@ -71,9 +71,12 @@ class StreamingCore(StreamingHooks, BatchingOptions):
         self.state_lock = threading.RLock()
         self.aborted_request_ids = SyncIdSet()
         self._computes = RunningComputes()
-        #: Requests that finished here; a late ``stream_done`` or chunk for
-        #: them is ignored instead of creating state nobody will clear.
+        #: Requests that finished here before a ``stream_done`` came: their late
+        #: done is ignored instead of creating state nobody will clear (a chunk, or
+        #: a second done, under such an id belongs to a new request reusing it).
         self.completed_request_ids = SyncIdSet()
+        #: Requests here whose stream already ended (their ``stream_done`` came).
+        self._stream_ended: set[str] = set()
         self._stopping = threading.Event()
         self._serving_thread: int | None = None
 
@@ -154,6 +157,7 @@ class StreamingCore(StreamingHooks, BatchingOptions):
         with self.state_lock:
             self.stream_payloads.pop(request_id, None)
             self.pending_done.discard(request_id)
+            self._stream_ended.discard(request_id)
             self.clear_stream_state(request_id)
             if not keep_aborted:
                 self.aborted_request_ids.discard(request_id)
