@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
 from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.generated import ChunkSink, drive, drive_async
 from omni_trio.scheduling.idset import DEFAULT_CAPACITY, BoundedIdSet
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 
@@ -135,19 +136,35 @@ async def _await(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop | None) -> Any:
-    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``.
+def call_sync_or_async(
+    fn: Callable[..., Any], *args: Any, loop: ThreadLoop | None, sink: ChunkSink | None = None
+) -> Any:
+    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``; if it returns a generator, run
+    that, each yield into ``sink`` (see :mod:`omni_trio.scheduling.generated`).
 
     ``loop`` None means ``fn`` runs on the stage's event loop (inline), where
-    nothing may be awaited: an awaitable result raises TypeError.
+    nothing may be awaited: an awaitable or an async generator raises TypeError.
+    ``sink`` None means the caller streams nothing: a generator raises TypeError.
     """
     result = fn(*args)
+    name = getattr(fn, "__qualname__", fn)
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if sink is None:
+            if inspect.isgenerator(result):
+                result.close()
+            raise TypeError(f"{name!r} is a generator, but this scheduler does not stream what compute yields")
+        if inspect.isgenerator(result):
+            return drive(result, sink)
+        if loop is None:
+            raise TypeError(f"{name!r} is an async generator, but inline compute must be synchronous")
+        loop.run(drive_async(result, sink))
+        return args[0]  # an async generator returns nothing: its result is what it was given
     if inspect.isawaitable(result):
         if loop is None:
             if inspect.iscoroutine(result):
                 result.close()
             raise TypeError(
-                f"{getattr(fn, '__qualname__', fn)!r} returned an awaitable, but inline compute must be "
+                f"{name!r} returned an awaitable, but inline compute must be "
                 "synchronous; drop inline=True (an async def compute_fn then runs on the stage's event loop)"
             )
         return loop.run(result)

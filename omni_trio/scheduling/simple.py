@@ -35,6 +35,7 @@ from omni_trio.scheduling._support import (
     result_message,
 )
 from omni_trio.scheduling.busy import BusyTime
+from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, batch_sink, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
 from omni_trio.scheduling.outbox import Outbox
@@ -57,6 +58,10 @@ class SimpleScheduler(BatchingOptions):
     request at once and the ``max_batch_wait_ms`` window opens only when a
     second request joins; a backlog still batches fully. Concurrent mode
     (``max_concurrency > 1``) runs that many worker threads, no batching.
+
+    ``compute_fn`` (and ``batch_compute_fn``) may be a generator function,
+    sync or async: what it yields goes out as the request's stream chunks,
+    before its result (see :mod:`omni_trio.scheduling.generated`).
 
     Every exception from user compute becomes an ``error`` message for the
     request(s) it belongs to; the loop keeps serving. Aborted requests never
@@ -308,7 +313,8 @@ class SimpleScheduler(BatchingOptions):
             self._computes.start(ids)
             try:
                 payloads = [msg.data for msg in batch]
-                returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop)
+                sink = batch_sink(ids, self._chunk_sink)
+                returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop, sink=sink)
             finally:
                 self._computes.finish(ids)
             results = batch_results(returned, len(batch))
@@ -374,7 +380,8 @@ class SimpleScheduler(BatchingOptions):
         try:
             self._computes.start((request_id,))
             try:
-                result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop)
+                sink = self._chunk_sink(request_id)
+                result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop, sink=sink)
             finally:
                 self._computes.finish((request_id,))
         except Exception as exc:
@@ -395,7 +402,7 @@ class SimpleScheduler(BatchingOptions):
         started = time.perf_counter_ns()
         self._computes.start((request_id,))
         try:
-            result = await self.compute_fn(msg.data)
+            result = await compute_async(self.compute_fn, msg.data, self._chunk_sink(request_id))
         except Exception as exc:
             if not self.is_aborted(request_id):
                 logger.exception("%s: compute_fn failed for %s", type(self).__name__, request_id)
@@ -406,6 +413,16 @@ class SimpleScheduler(BatchingOptions):
             self.busy.add(time.perf_counter_ns() - started)
         if not self.is_aborted(request_id):
             self._emit_result(request_id, result)
+
+    def _chunk_sink(self, request_id: str) -> ChunkSink:
+        """Where a generator ``compute_fn`` computing ``request_id`` sends what it yields."""
+
+        def send(chunk: object) -> None:
+            if self.is_aborted(request_id):
+                raise GenerationStopped(request_id)
+            self.outbox.put(stream_message(request_id, chunk))
+
+        return send
 
     def _skip_before_compute(self, msg: IncomingMessage) -> bool:
         """True if ``msg``'s request was aborted and must not be computed.

@@ -33,6 +33,7 @@ from omni_trio.scheduling._support import (
     result_message,
 )
 from omni_trio.scheduling.busy import BusyTime
+from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
 from omni_trio.scheduling.outbox import Outbox
@@ -50,6 +51,10 @@ class ThreadedSimpleScheduler:
     already running it finishes unobserved); ``abort_callback`` runs at abort
     time and again when an aborted or cancelled future completes, so cleanup
     also sees side effects of a compute that finished after the abort.
+
+    ``compute_fn`` may be a generator function, sync or async: what it
+    yields goes out as the request's stream chunks, before its result (see
+    :mod:`omni_trio.scheduling.generated`); an abort closes it.
 
     In a stage, an ``async def`` ``compute_fn`` runs on the stage's trio
     event loop instead of the pool (up to ``max_concurrency`` at once, no
@@ -248,7 +253,8 @@ class ThreadedSimpleScheduler:
         self._computes.start((request_id,))
         try:
             assert self.compute_fn is not None
-            return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop)
+            sink = self._chunk_sink(request_id)
+            return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop, sink=sink)
         finally:
             self._computes.finish((request_id,))
             loop.close()
@@ -262,7 +268,7 @@ class ThreadedSimpleScheduler:
         started = time.perf_counter_ns()
         self._computes.start((request_id,))
         try:
-            result = await self.compute_fn(msg.data)
+            result = await compute_async(self.compute_fn, msg.data, self._chunk_sink(request_id))
         except BaseException as exc:
             if self._speculative.pop(request_id):
                 # Aborted (and cancelled): late cleanup, as for a pool compute that ends after its abort.
@@ -280,6 +286,25 @@ class ThreadedSimpleScheduler:
             call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
             return
         self.outbox.put(result_message(request_id, result))
+
+    def _chunk_sink(self, request_id: str) -> ChunkSink:
+        """Where a generator ``compute_fn`` computing ``request_id`` sends what it yields."""
+
+        def send(chunk: object) -> None:
+            if self._dropped(request_id):
+                raise GenerationStopped(request_id)
+            self.outbox.put(stream_message(request_id, chunk))
+
+        return send
+
+    def _dropped(self, request_id: str) -> bool:
+        """Whether ``request_id`` was aborted (or the scheduler stopped) while it computes."""
+        if self._on_loop is not None and self._on_loop.attached:
+            return request_id in self._speculative
+        with self._cond:
+            if self._stopping or request_id in self._tombstones:
+                return True
+            return request_id not in self._pending and request_id not in self._claiming
 
     def _finish(self, request_id: str, future: Future[Any]) -> None:
         with self._cond:
