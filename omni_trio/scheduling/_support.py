@@ -164,8 +164,8 @@ def call_sync_or_async(
             if inspect.iscoroutine(result):
                 result.close()
             raise TypeError(
-                f"{name!r} returned an awaitable, but inline compute must be "
-                "synchronous; drop inline=True (an async def compute_fn then runs on the stage's event loop)"
+                f"{name!r} returned an awaitable, but inline compute must be synchronous; drop inline=True "
+                "(an async def compute_fn then runs on an asyncio loop of the scheduler thread)"
             )
         return loop.run(result)
     return result

@@ -37,7 +37,7 @@ from omni_trio.scheduling._support import (
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, batch_sink, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
-from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
+from omni_trio.scheduling.on_loop import LoopComputes, checked_for_trio_loop
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -71,11 +71,15 @@ class SimpleScheduler(BatchingOptions):
     a further ``new_request`` raises :class:`QueueFullError` (the stage fails
     that request, which the caller sees as ``RequestFailed``). None: unbounded.
 
-    Where ``compute_fn`` runs, in a stage: an ``async def`` compute function
-    (without ``batch_compute_fn``) runs on the stage's trio event loop, up to
-    ``max_concurrency`` requests at a time, with no thread hand-off (it must
-    await, never block; an abort cancels it); a plain function runs on the
-    scheduler thread (or its ``max_concurrency`` worker threads).
+    Where ``compute_fn`` runs: on the scheduler thread (or its
+    ``max_concurrency`` worker threads). An ``async def`` one (or one that
+    returns an awaitable) runs to completion on an asyncio event loop of
+    that thread, as in SGLang-Omni, so it may await asyncio (``asyncio.sleep``,
+    an asyncio client); an abort drops its result. ``run_on_trio_loop=True``
+    runs an ``async def`` compute function (without ``batch_compute_fn``)
+    on the stage's trio event loop instead, up to ``max_concurrency``
+    requests at a time, with no thread hand-off: for a function that awaits
+    trio only (never asyncio) and never blocks; an abort cancels it.
 
     ``inline=True`` is for a ``compute_fn`` that is quick and never blocks
     (routing, light preprocessing, a merge): it runs in :meth:`enqueue`, on
@@ -102,6 +106,7 @@ class SimpleScheduler(BatchingOptions):
         request_arrival_hook: Callable[[Any], object] | None = None,
         max_pending: int | None = None,
         inline: bool = False,
+        run_on_trio_loop: bool = False,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
         self.max_concurrency = max(int(max_concurrency), 1)
@@ -112,6 +117,8 @@ class SimpleScheduler(BatchingOptions):
                 "inline=True runs compute_fn on the stage's event loop one request at a time: "
                 "drop batch_compute_fn and max_concurrency, or drop inline"
             )
+        if run_on_trio_loop:
+            checked_for_trio_loop(compute_fn, batch_compute_fn=batch_compute_fn, inline=inline)
         self.inline = inline
         self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
@@ -132,12 +139,8 @@ class SimpleScheduler(BatchingOptions):
         self._live_workers = 0
         #: How long compute ran here (``stats()``'s ``busy_seconds``).
         self.busy = BusyTime()
-        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on threads.
-        self._on_loop = (
-            LoopComputes(self, self.max_concurrency)
-            if is_async_callable(compute_fn) and batch_compute_fn is None and not inline
-            else None
-        )
+        #: Async compute on the stage's trio loop (see :meth:`attach_loop`); None: compute on threads.
+        self._on_loop = LoopComputes(self, self.max_concurrency) if run_on_trio_loop else None
 
     # ------------------------------------------------------------------
     # StageScheduler contract
@@ -157,8 +160,8 @@ class SimpleScheduler(BatchingOptions):
             self._on_loop.wait_finished()
 
     def attach_loop(self, nursery: trio.Nursery) -> None:
-        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
-        from now on (nothing happens for a plain one)."""
+        """Called by the stage on its event loop: with ``run_on_trio_loop``, ``compute_fn`` runs in
+        ``nursery`` from now on (nothing happens otherwise)."""
         if self._on_loop is not None:
             self._on_loop.attach(nursery)
 

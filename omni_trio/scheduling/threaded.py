@@ -35,7 +35,7 @@ from omni_trio.scheduling._support import (
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
-from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
+from omni_trio.scheduling.on_loop import LoopComputes, checked_for_trio_loop
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -56,10 +56,12 @@ class ThreadedSimpleScheduler:
     yields goes out as the request's stream chunks, before its result (see
     :mod:`omni_trio.scheduling.generated`); an abort closes it.
 
-    In a stage, an ``async def`` ``compute_fn`` runs on the stage's trio
-    event loop instead of the pool (up to ``max_concurrency`` at once, no
-    thread hand-off; an abort cancels it, and ``abort_callback`` runs again
-    once the cancelled compute ended); a plain one runs on the pool.
+    An ``async def`` ``compute_fn`` runs on the pool too, each call to
+    completion on an asyncio event loop of its own (it may await asyncio).
+    ``run_on_trio_loop=True`` runs it on the stage's trio event loop instead
+    (up to ``max_concurrency`` at once, no thread hand-off; it must await trio
+    only; an abort cancels it, and ``abort_callback`` runs again once the
+    cancelled compute ended).
     """
 
     def __init__(
@@ -70,7 +72,12 @@ class ThreadedSimpleScheduler:
         abort_callback: Callable[[str], object] | None = None,
         dispatch_fn: Callable[[Any], Future[Any]] | None = None,
         max_pending: int | None = None,
+        run_on_trio_loop: bool = False,
     ) -> None:
+        if run_on_trio_loop:
+            if dispatch_fn is not None or max_concurrency is None:
+                raise ValueError("run_on_trio_loop=True runs compute_fn, max_concurrency at a time: drop dispatch_fn")
+            checked_for_trio_loop(compute_fn)
         if dispatch_fn is None:
             if compute_fn is None:
                 raise ValueError("ThreadedSimpleScheduler needs compute_fn or dispatch_fn")
@@ -104,10 +111,10 @@ class ThreadedSimpleScheduler:
         self._stopping = False
         #: How long compute ran here (``stats()``'s ``busy_seconds``; a ``dispatch_fn``'s work is not seen).
         self.busy = BusyTime()
-        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on the pool.
+        #: Async compute on the stage's trio loop (see :meth:`attach_loop`); None: compute on the pool.
         self._on_loop = (
             LoopComputes(self, self.max_concurrency)
-            if dispatch_fn is None and self.max_concurrency is not None and is_async_callable(compute_fn)
+            if run_on_trio_loop and self.max_concurrency is not None
             else None
         )
 
@@ -129,8 +136,8 @@ class ThreadedSimpleScheduler:
                 self._executor.shutdown(wait=False, cancel_futures=True)
 
     def attach_loop(self, nursery: trio.Nursery) -> None:
-        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
-        from now on (nothing happens for a plain one)."""
+        """Called by the stage on its event loop: with ``run_on_trio_loop``, ``compute_fn`` runs in
+        ``nursery`` from now on (nothing happens otherwise)."""
         if self._on_loop is not None:
             self._on_loop.attach(nursery)
 
