@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import queue
 import threading
 import time
@@ -32,13 +33,32 @@ T = TypeVar("T")
 WAKEUP: Final[IncomingMessage] = IncomingMessage(request_id="", type="wakeup")
 
 
-def checked_max_pending(max_pending: int | None) -> int | None:
-    """Validate a scheduler's ``max_pending`` (None: unbounded)."""
-    if max_pending is None:
+def checked_count(name: str, value: int, *, minimum: int = 1) -> int:
+    """``value`` if it is a whole number >= ``minimum``; else ValueError naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def checked_limit(name: str, value: int | None, *, minimum: int = 1) -> int | None:
+    """:func:`checked_count` for an optional limit (None: unbounded)."""
+    if value is None:
         return None
-    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0:
-        raise ValueError(f"max_pending must be None or a whole number >= 0, got {max_pending!r}")
-    return max_pending
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be None or a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def checked_wait_ms(name: str, value: float) -> float:
+    """``value`` if it is a finite number of milliseconds >= 0; else ValueError naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a number of milliseconds >= 0, got {value!r}")
+    return float(value)
+
+
+def checked_max_pending(max_pending: int | None) -> int | None:
+    """Validate a scheduler's ``max_pending`` (None: unbounded; else at least 1, or nothing could wait)."""
+    return checked_limit("max_pending", max_pending)
 
 
 def refuse_if_full(
@@ -245,8 +265,8 @@ class BatchWindow:
 
 
 class BatchingOptions:
-    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1),
-    normalised once: sizes clamped to >= 1, negative waits and costs to 0."""
+    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1), checked
+    once: a value out of range raises ValueError naming the option."""
 
     batch_compute_fn: Callable[[Any], Any] | None
     max_batch_size: int
@@ -265,11 +285,11 @@ class BatchingOptions:
         max_batch_cost: int | None,
     ) -> None:
         self.batch_compute_fn = batch_compute_fn
-        self.max_batch_size = max(int(max_batch_size), 1)
-        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
+        self.max_batch_size = checked_count("max_batch_size", max_batch_size)
+        self.max_batch_wait_s = checked_wait_ms("max_batch_wait_ms", max_batch_wait_ms) / 1000.0
         self.batch_wait_when_idle = bool(batch_wait_when_idle)
         self.request_cost_fn = request_cost_fn
-        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self.max_batch_cost = checked_limit("max_batch_cost", max_batch_cost, minimum=0)
 
     def message_cost(self, msg: IncomingMessage) -> int:
         """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""

@@ -34,7 +34,7 @@ from typing import Any, Final, cast
 import attrs
 
 from omni_trio.payload import StagePayload
-from omni_trio.scheduling._support import error_message, result_message
+from omni_trio.scheduling._support import checked_count, error_message, result_message
 from omni_trio.scheduling.errors import QUEUE_FULL_TEXT, QueueFullError
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session_hooks import SessionContext, SessionHooks, TimedChunk
@@ -79,10 +79,8 @@ class SessionScheduler(SimpleScheduler):
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         max_state_bytes_per_session: int = DEFAULT_MAX_STATE_BYTES_PER_SESSION,
     ) -> None:
-        if max_open_sessions < 1:
-            raise ValueError(f"max_open_sessions must be at least 1, got {max_open_sessions}")
-        if max_state_bytes_per_session < 1:
-            raise ValueError(f"max_state_bytes_per_session must be at least 1, got {max_state_bytes_per_session}")
+        checked_count("max_open_sessions", max_open_sessions)
+        checked_count("max_state_bytes_per_session", max_state_bytes_per_session)
         self.session_hooks = session_hooks
         self.request_compute_fn = compute_fn
         self.max_open_sessions = max_open_sessions

@@ -29,6 +29,7 @@ from omni_trio.scheduling._support import (
     batch_results,
     call_logged,
     call_sync_or_async,
+    checked_count,
     checked_max_pending,
     error_message,
     refuse_if_full,
@@ -109,7 +110,7 @@ class SimpleScheduler(BatchingOptions):
         run_on_trio_loop: bool = False,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
-        self.max_concurrency = max(int(max_concurrency), 1)
+        self.max_concurrency = checked_count("max_concurrency", max_concurrency)
         if self.max_concurrency > 1 and batch_compute_fn is not None:
             raise ValueError("max_concurrency > 1 and batch_compute_fn are mutually exclusive")
         if inline and (batch_compute_fn is not None or self.max_concurrency > 1):

@@ -57,10 +57,6 @@ class StreamingSimpleScheduler(StreamingCore):
     stays aborted: what still comes for it is skipped.
     """
 
-    can_batch_stream_chunks: bool = False
-    stream_chunk_batch_max: int | None = None
-    stream_chunk_batch_distinct_requests: bool = False
-
     def on_stream_chunk_batch(self, items: list[tuple[str, StreamItem]]) -> None:
         """Handle several queued chunks; called without the lock, return ignored.
 

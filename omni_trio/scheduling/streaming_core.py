@@ -23,6 +23,7 @@ from omni_trio.scheduling._support import (
     RunningComputes,
     SyncIdSet,
     call_logged,
+    checked_limit,
     checked_max_pending,
     error_message,
     refuse_if_full,
@@ -39,6 +40,11 @@ from omni_trio.scheduling.streaming_hooks import StreamingHooks
 class StreamingCore(StreamingHooks, BatchingOptions):
     """The request state, inbox taking, aborts and output of a streaming scheduler (see the module)."""
 
+    # The class knobs of StreamingSimpleScheduler (see there); a subclass sets them on its class.
+    can_batch_stream_chunks: bool = False
+    stream_chunk_batch_max: int | None = None
+    stream_chunk_batch_distinct_requests: bool = False
+
     def __init__(
         self,
         compute_fn: ComputeFn | None,
@@ -53,6 +59,7 @@ class StreamingCore(StreamingHooks, BatchingOptions):
         max_pending: int | None = None,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
+        checked_limit("stream_chunk_batch_max", self.stream_chunk_batch_max)
         self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
         self.compute_fn = compute_fn

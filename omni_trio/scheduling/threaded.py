@@ -27,6 +27,7 @@ from omni_trio.scheduling._support import (
     ThreadLoop,
     call_logged,
     call_sync_or_async,
+    checked_limit,
     checked_max_pending,
     error_message,
     refuse_if_full,
@@ -88,7 +89,7 @@ class ThreadedSimpleScheduler:
         self.outbox = Outbox()
         self.compute_fn = compute_fn
         self.dispatch_fn = dispatch_fn
-        self.max_concurrency = None if max_concurrency is None else max(int(max_concurrency), 1)
+        self.max_concurrency = checked_limit("max_concurrency", max_concurrency)
         self.abort_callback = abort_callback
         # dispatch_fn owns its own execution; a pool would only sit idle.
         self._executor = (
