@@ -232,12 +232,12 @@ def _trio_spawn_us() -> float:
 _trio_checkpoint_us_inline = 0.0
 
 
-def _scheduler_round_trip_us(compute: Callable[[Any], Any], rounds: int) -> float:
+def _scheduler_round_trip_us(compute: Callable[[Any], Any], rounds: int, *, on_trio_loop: bool = False) -> float:
     """Median round trip of one request through ``SimpleScheduler(compute)``, attached to the loop as a
     stage attaches it: enqueue on the trio loop, compute, the Outbox's put wakes the loop's drain."""
 
     async def main() -> float:
-        scheduler = SimpleScheduler(compute)
+        scheduler = SimpleScheduler(compute, run_on_trio_loop=on_trio_loop)
         thread = SchedulerThread("s", scheduler)
         source = outbox_source("s", scheduler.outbox)
         thread.start()
@@ -309,13 +309,14 @@ def handoff_segments(rounds: int = 500) -> dict[str, float]:
 
 
 def async_on_loop_us(rounds: int = 500) -> float:
-    """Round trip of one request through a SimpleScheduler whose compute is ``async def``, attached to
-    the loop as a stage attaches it: enqueue -> a runner task computes -> the outbox put wakes the drain."""
+    """Round trip of one request through a SimpleScheduler whose compute is ``async def`` with
+    ``run_on_trio_loop=True``, attached to the loop as a stage attaches it: enqueue -> a runner task
+    computes -> the outbox put wakes the drain."""
 
     async def compute(payload: int) -> int:
         return payload
 
-    return _scheduler_round_trip_us(compute, rounds)
+    return _scheduler_round_trip_us(compute, rounds, on_trio_loop=True)
 
 
 def raw_thread_round_trip_us(rounds: int = 500) -> float:

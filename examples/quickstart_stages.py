@@ -107,7 +107,8 @@ class PinnedPolicy:
 
 
 def create_fetch(concurrency: int = 4) -> SimpleScheduler:
-    """An ``async def`` compute (e.g. a call to a remote service): it runs on the stage's trio loop,
+    """An ``async def`` compute that awaits trio (e.g. a call to a remote service): with
+    ``run_on_trio_loop=True`` it runs on the stage's trio loop,
     ``concurrency`` requests at a time, and awaits ``request.params["seconds"]``; an abort cancels it."""
     import trio
 
@@ -116,7 +117,7 @@ def create_fetch(concurrency: int = 4) -> SimpleScheduler:
         payload.data = {"text": str(payload.request.inputs).upper(), "thread": threading.get_ident()}
         return payload
 
-    return SimpleScheduler(fetch, max_concurrency=concurrency)
+    return SimpleScheduler(fetch, max_concurrency=concurrency, run_on_trio_loop=True)
 
 
 def create_slow_echo() -> SimpleScheduler:

@@ -615,9 +615,10 @@ def create_sum_inputs():
 
 
 def create_async_append(tag: str, max_concurrency: int = 1, threaded: bool = False):
-    """An ``async def`` compute (it runs on the stage's loop): appends ``tag``; for the word "poison"
-    raises; with a ``sleep`` param awaits ``trio.sleep`` that long first; with a ``marker`` param
-    writes ``<marker>.started`` once it runs and ``<marker>.cancelled`` if it is cancelled (an abort).
+    """An ``async def`` compute that awaits trio (``run_on_trio_loop``: on the stage's loop): appends
+    ``tag``; for the word "poison" raises; with a ``sleep`` param awaits ``trio.sleep`` that long
+    first; with a ``marker`` param writes ``<marker>.started`` once it runs and ``<marker>.cancelled``
+    if it is cancelled (an abort).
     ``threaded``: a ThreadedSimpleScheduler instead of a SimpleScheduler."""
     import trio
 
@@ -641,5 +642,5 @@ def create_async_append(tag: str, max_concurrency: int = 1, threaded: bool = Fal
         return append_tag(payload, tag)
 
     if threaded:
-        return ThreadedSimpleScheduler(compute, max_concurrency=max_concurrency)
-    return SimpleScheduler(compute, max_concurrency=max_concurrency)
+        return ThreadedSimpleScheduler(compute, max_concurrency=max_concurrency, run_on_trio_loop=True)
+    return SimpleScheduler(compute, max_concurrency=max_concurrency, run_on_trio_loop=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import queue
 import threading
 import time
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
 from omni_trio.scheduling.errors import QueueFullError
+from omni_trio.scheduling.generated import ChunkSink, drive, drive_async
 from omni_trio.scheduling.idset import DEFAULT_CAPACITY, BoundedIdSet
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 
@@ -31,13 +33,32 @@ T = TypeVar("T")
 WAKEUP: Final[IncomingMessage] = IncomingMessage(request_id="", type="wakeup")
 
 
-def checked_max_pending(max_pending: int | None) -> int | None:
-    """Validate a scheduler's ``max_pending`` (None: unbounded)."""
-    if max_pending is None:
+def checked_count(name: str, value: int, *, minimum: int = 1) -> int:
+    """``value`` if it is a whole number >= ``minimum``; else ValueError naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def checked_limit(name: str, value: int | None, *, minimum: int = 1) -> int | None:
+    """:func:`checked_count` for an optional limit (None: unbounded)."""
+    if value is None:
         return None
-    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0:
-        raise ValueError(f"max_pending must be None or a whole number >= 0, got {max_pending!r}")
-    return max_pending
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be None or a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def checked_wait_ms(name: str, value: float) -> float:
+    """``value`` if it is a finite number of milliseconds >= 0; else ValueError naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a number of milliseconds >= 0, got {value!r}")
+    return float(value)
+
+
+def checked_max_pending(max_pending: int | None) -> int | None:
+    """Validate a scheduler's ``max_pending`` (None: unbounded; else at least 1, or nothing could wait)."""
+    return checked_limit("max_pending", max_pending)
 
 
 def refuse_if_full(
@@ -135,20 +156,36 @@ async def _await(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def call_sync_or_async(fn: Callable[..., Any], *args: Any, loop: ThreadLoop | None) -> Any:
-    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``.
+def call_sync_or_async(
+    fn: Callable[..., Any], *args: Any, loop: ThreadLoop | None, sink: ChunkSink | None = None
+) -> Any:
+    """Call ``fn(*args)``; if it returns an awaitable, run it on ``loop``; if it returns a generator, run
+    that, each yield into ``sink`` (see :mod:`omni_trio.scheduling.generated`).
 
     ``loop`` None means ``fn`` runs on the stage's event loop (inline), where
-    nothing may be awaited: an awaitable result raises TypeError.
+    nothing may be awaited: an awaitable or an async generator raises TypeError.
+    ``sink`` None means the caller streams nothing: a generator raises TypeError.
     """
     result = fn(*args)
+    name = getattr(fn, "__qualname__", fn)
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if sink is None:
+            if inspect.isgenerator(result):
+                result.close()
+            raise TypeError(f"{name!r} is a generator, but this scheduler does not stream what compute yields")
+        if inspect.isgenerator(result):
+            return drive(result, sink)
+        if loop is None:
+            raise TypeError(f"{name!r} is an async generator, but inline compute must be synchronous")
+        loop.run(drive_async(result, sink))
+        return args[0]  # an async generator returns nothing: its result is what it was given
     if inspect.isawaitable(result):
         if loop is None:
             if inspect.iscoroutine(result):
                 result.close()
             raise TypeError(
-                f"{getattr(fn, '__qualname__', fn)!r} returned an awaitable, but inline compute must be "
-                "synchronous; drop inline=True (an async def compute_fn then runs on the stage's event loop)"
+                f"{name!r} returned an awaitable, but inline compute must be synchronous; drop inline=True "
+                "(an async def compute_fn then runs on an asyncio loop of the scheduler thread)"
             )
         return loop.run(result)
     return result
@@ -228,8 +265,8 @@ class BatchWindow:
 
 
 class BatchingOptions:
-    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1),
-    normalised once: sizes clamped to >= 1, negative waits and costs to 0."""
+    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1), checked
+    once: a value out of range raises ValueError naming the option."""
 
     batch_compute_fn: Callable[[Any], Any] | None
     max_batch_size: int
@@ -248,11 +285,11 @@ class BatchingOptions:
         max_batch_cost: int | None,
     ) -> None:
         self.batch_compute_fn = batch_compute_fn
-        self.max_batch_size = max(int(max_batch_size), 1)
-        self.max_batch_wait_s = max(float(max_batch_wait_ms), 0.0) / 1000.0
+        self.max_batch_size = checked_count("max_batch_size", max_batch_size)
+        self.max_batch_wait_s = checked_wait_ms("max_batch_wait_ms", max_batch_wait_ms) / 1000.0
         self.batch_wait_when_idle = bool(batch_wait_when_idle)
         self.request_cost_fn = request_cost_fn
-        self.max_batch_cost = None if max_batch_cost is None else max(int(max_batch_cost), 0)
+        self.max_batch_cost = checked_limit("max_batch_cost", max_batch_cost, minimum=0)
 
     def message_cost(self, msg: IncomingMessage) -> int:
         """Cost of a message toward ``max_batch_cost`` (0 unless a costed ``new_request``)."""

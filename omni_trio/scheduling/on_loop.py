@@ -1,14 +1,15 @@
-"""Async compute on the stage's trio loop: where an ``async def`` compute function runs in a stage.
+"""Async compute on the stage's trio loop, for an ``async def`` compute function that awaits trio only.
 
-A scheduler thread costs two OS thread wake-ups per request (the inbox's
-notify one way, ``run_sync_soon`` back), each about what a ZMQ message costs
-on a small machine. An ``async def`` compute function needs no thread: it
-awaits instead of blocking. So a stage serving a :class:`SimpleScheduler` or
-:class:`ThreadedSimpleScheduler` whose ``compute_fn`` is a coroutine function
-attaches the scheduler to its nursery (the scheduler's ``attach_loop``), and
-from then on each ``new_request`` is computed by one of ``concurrency``
-runner tasks of that nursery: no thread, no ``run_sync_soon``, the result
-put into the outbox on the loop (which wakes the drain without a thread).
+By default an ``async def`` compute function runs on an asyncio loop of the
+scheduler thread, as in SGLang-Omni (it may await asyncio). That costs two
+OS thread wake-ups per request (the inbox's notify one way, ``run_sync_soon``
+back), each about what a ZMQ message costs on a small machine. A function
+that awaits trio only needs no thread: with ``run_on_trio_loop=True`` a
+:class:`SimpleScheduler` or :class:`ThreadedSimpleScheduler` is attached to
+its stage's nursery (the scheduler's ``attach_loop``), and from then on each
+``new_request`` is computed by one of ``concurrency`` runner tasks of that
+nursery: no thread, no ``run_sync_soon``, the result put into the outbox on
+the loop (which wakes the drain without a thread).
 
 A scheduler driven by hand (``start()`` on a thread of one's own, as the
 scheduler tests do) is never attached and keeps running async compute on
@@ -21,8 +22,8 @@ import collections
 import contextlib
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -30,27 +31,47 @@ from omni_trio.scheduling.protocol import IncomingMessage
 
 
 def is_async_callable(fn: object) -> bool:
-    """Whether calling ``fn`` makes a coroutine: an ``async def`` function, a partial of one, or an
-    object whose ``__call__`` is one (a plain function that returns an awaitable is not)."""
+    """Whether calling ``fn`` makes a coroutine or an async generator: an ``async def`` function, a
+    partial of one, or an object whose ``__call__`` is one (a plain function that returns an awaitable
+    is not)."""
     call = type(fn).__call__ if callable(fn) and not inspect.isroutine(fn) else None
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+    checks = (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
+    return any(check(target) for check in checks for target in (fn, call))
+
+
+def checked_for_trio_loop(compute_fn: object, *, batch_compute_fn: object = None, inline: bool = False) -> None:
+    """Raise ValueError unless ``compute_fn`` can run on the stage's trio loop (``run_on_trio_loop=True``)."""
+    if not is_async_callable(compute_fn):
+        raise ValueError(
+            f"run_on_trio_loop=True needs an async def compute_fn, got {compute_fn!r}: a plain function "
+            "runs on the scheduler thread"
+        )
+    if batch_compute_fn is not None or inline:
+        raise ValueError("run_on_trio_loop=True computes one request at a time: drop batch_compute_fn and inline")
+
+
+class LoopCompute(Protocol):
+    """A scheduler whose requests :class:`LoopComputes` computes on the stage's loop."""
+
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
+        """Compute ``msg``'s request and emit its outcome; must not raise ``Exception`` (user errors
+        become ``error`` messages)."""
 
 
 class LoopComputes:
     """Runner tasks on the stage's loop that compute queued requests, ``concurrency`` at a time.
 
-    ``run(msg)`` is the scheduler's own compute-and-emit for one request (it
-    must not raise ``Exception``: user errors become ``error`` messages
-    there). Requests start in arrival order; with one runner they also
-    finish in it. :meth:`cancel` cancels a running compute (an abort);
+    ``scheduler.compute_on_loop(msg)`` computes and emits one request.
+    Requests start in arrival order; with one runner they also finish in it.
+    :meth:`cancel` cancels a running compute (an abort);
     :meth:`stop` lets the running computes finish and starts no more;
     :meth:`wait_finished` (on the scheduler thread) returns once every
     runner has ended, so the stage's wait for its scheduler thread covers
     the computes on the loop too.
     """
 
-    def __init__(self, run: Callable[[IncomingMessage], Awaitable[None]], concurrency: int) -> None:
-        self._run = run
+    def __init__(self, scheduler: LoopCompute, concurrency: int) -> None:
+        self._scheduler = scheduler
         self._concurrency = concurrency
         #: Requests waiting for a runner, oldest first (``max_pending`` counts them).
         self.waiting: collections.deque[IncomingMessage] = collections.deque()
@@ -125,7 +146,7 @@ class LoopComputes:
                 with trio.CancelScope() as scope:
                     self._scopes[msg.request_id] = scope
                     try:
-                        await self._run(msg)
+                        await self._scheduler.compute_on_loop(msg)
                     finally:
                         del self._scopes[msg.request_id]
                 if self.waiting:

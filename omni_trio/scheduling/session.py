@@ -25,22 +25,21 @@ Requests without the metadata go to ``compute_fn``. See SPEC §5.4.
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
 import attrs
 
 from omni_trio.payload import StagePayload
-from omni_trio.scheduling._support import error_message, result_message
+from omni_trio.scheduling._support import checked_count, error_message, result_message
 from omni_trio.scheduling.errors import QUEUE_FULL_TEXT, QueueFullError
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
 from omni_trio.scheduling.session_hooks import SessionContext, SessionHooks, TimedChunk
-from omni_trio.scheduling.session_operation import SessionOp, SessionOperation
+from omni_trio.scheduling.session_operation import SessionOperation
+from omni_trio.scheduling.session_sequence import SequencedOperation, SessionInbox, SessionSequence
 from omni_trio.scheduling.simple import SimpleScheduler
 
 logger = logging.getLogger(__name__)
@@ -48,18 +47,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_OPEN_SESSIONS = 64
 DEFAULT_MAX_CONCURRENCY = 4
 DEFAULT_MAX_STATE_BYTES_PER_SESSION = 1 << 30
-
-
-@attrs.define(eq=False)
-class _Operation:
-    """One sequenced operation, from entering the inbox until it finished."""
-
-    request_id: str
-    session_id: str
-    op: SessionOp
-    message: IncomingMessage | None = None
-    started: bool = False
-    cancelled: threading.Event = attrs.field(factory=threading.Event)
 
 
 @attrs.define(eq=False)
@@ -71,43 +58,6 @@ class _Session:
 
 # compute's way of saying "nothing to emit now" (a read is answered at close).
 _NO_OUTPUT: Final = object()
-# In an append's upstream queue: the previous owner's append finished.
-_UPSTREAM_DONE: Final = object()
-# In an append's upstream queue: look at ``cancelled`` again.
-_UPSTREAM_WAKE: Final = object()
-
-
-class _SessionInbox(queue.Queue[IncomingMessage]):
-    """An inbox that numbers session operations as they are put.
-
-    Registration and the put happen under one lock, so sequence order is
-    queue order even with several putters; workers then always find the
-    earliest operation of a session ahead of later ones.
-    """
-
-    def __init__(
-        self, register: Callable[[IncomingMessage], None], upstream: Callable[[IncomingMessage], None]
-    ) -> None:
-        super().__init__()
-        self._register = register
-        self._upstream = upstream
-        self._put_lock = threading.Lock()
-
-    def put(self, item: IncomingMessage, block: bool = True, timeout: float | None = None) -> None:
-        """Register ``item`` if it is a session operation, then queue it; stream input goes to its append."""
-        if item.type in ("stream_chunk", "stream_done"):
-            self._upstream(item)
-            return
-        with self._put_lock:
-            self._register(item)
-            super().put(item, block, timeout)
-
-    def requeue(self, item: IncomingMessage) -> None:
-        """Queue ``item`` again, registered already (a close an abort took out of the queue)."""
-        with self.mutex:
-            if any(queued is item for queued in self.queue):
-                return
-        super().put(item)
 
 
 class SessionScheduler(SimpleScheduler):
@@ -129,21 +79,17 @@ class SessionScheduler(SimpleScheduler):
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         max_state_bytes_per_session: int = DEFAULT_MAX_STATE_BYTES_PER_SESSION,
     ) -> None:
-        if max_open_sessions < 1:
-            raise ValueError(f"max_open_sessions must be at least 1, got {max_open_sessions}")
-        if max_state_bytes_per_session < 1:
-            raise ValueError(f"max_state_bytes_per_session must be at least 1, got {max_state_bytes_per_session}")
+        checked_count("max_open_sessions", max_open_sessions)
+        checked_count("max_state_bytes_per_session", max_state_bytes_per_session)
         self.session_hooks = session_hooks
         self.request_compute_fn = compute_fn
         self.max_open_sessions = max_open_sessions
         self.max_state_bytes_per_session = max_state_bytes_per_session
         # One condition guards the tables below; operations wait on it for their turn.
         self._cond = threading.Condition()
-        self._operations: dict[str, _Operation] = {}
-        self._order: dict[str, collections.deque[str]] = {}
+        self._sequence = SessionSequence(self._cond)
         self._sessions: dict[str, _Session] = {}
         self._readers: dict[str, StagePayload] = {}
-        self._upstream: dict[str, queue.SimpleQueue[Any]] = {}
         self._sessions_stopping = False
         super().__init__(
             self._compute,
@@ -151,7 +97,7 @@ class SessionScheduler(SimpleScheduler):
             abort_callback=self._on_abort,
             shutdown_callback=self._on_shutdown,
         )
-        self.inbox = _SessionInbox(self._register, self._take_upstream)
+        self.inbox = SessionInbox(self._sequence)
 
     def warm_up_serving_thread(self) -> None:
         """Run the hooks' ``warm_up_serving_thread`` if they have one."""
@@ -168,50 +114,17 @@ class SessionScheduler(SimpleScheduler):
     # Sequencing
     # ------------------------------------------------------------------
 
-    def _register(self, msg: IncomingMessage) -> None:
-        if msg.type != "new_request":
-            return
-        try:
-            operation = SessionOperation.from_payload(msg.data)
-        except Exception:  # noqa: BLE001 - compute parses it again and fails the request
-            # put() runs on the stage's event loop, where raising would fail the put itself.
-            return
-        if operation is None or operation.op == "read":
-            return
-        with self._cond:
-            record = _Operation(msg.request_id, operation.session_id, operation.op, message=msg)
-            self._operations[msg.request_id] = record
-            order = self._order.setdefault(operation.session_id, collections.deque())
-            order.append(msg.request_id)
-            if operation.op == "control" and operation.preempt:
-                # Preemption must act now: sequenced, it would wait for the very
-                # appends it is meant to cut short.
-                for earlier in order:
-                    if self._operations[earlier].op == "append":
-                        self._cancel_locked(self._operations[earlier])
-
-    def _retire_locked(self, record: _Operation) -> None:
-        """Let the session's next operation go; the caller holds ``_cond``."""
-        self._operations.pop(record.request_id, None)
-        self._upstream.pop(record.request_id, None)
-        order = self._order.get(record.session_id)
-        if order is not None and record.request_id in order:
-            order.remove(record.request_id)
-            if not order:
-                del self._order[record.session_id]
-        self._cond.notify_all()
-
-    def _begin(self, request_id: str) -> _Operation | None:
+    def _begin(self, request_id: str) -> SequencedOperation | None:
         """Wait for the operation's turn; None if an abort retired it first."""
         with self._cond:
             while True:
-                record = self._operations.get(request_id)
+                record = self._sequence.get_locked(request_id)
                 if record is None:
                     return None
                 if self._sessions_stopping:
-                    self._retire_locked(record)
+                    self._sequence.retire_locked(record)
                     raise RuntimeError("session scheduler is stopping")
-                if self._order[record.session_id][0] == request_id:
+                if self._sequence.has_turn_locked(record):
                     record.started = True
                     session = self._sessions.get(record.session_id)
                     if session is not None:
@@ -219,9 +132,9 @@ class SessionScheduler(SimpleScheduler):
                     return record
                 self._cond.wait()
 
-    def _end(self, record: _Operation) -> None:
+    def _end(self, record: SequencedOperation) -> None:
         with self._cond:
-            self._retire_locked(record)
+            self._sequence.retire_locked(record)
             session = self._sessions.get(record.session_id)
             close_now = False
             if session is not None:
@@ -237,13 +150,13 @@ class SessionScheduler(SimpleScheduler):
         if not self.is_aborted(msg.request_id):
             return False
         with self._cond:
-            record = self._operations.get(msg.request_id)
+            record = self._sequence.get_locked(msg.request_id)
             if record is not None and record.op == "close":
                 # A close runs even when aborted, or the session's state would leak;
                 # its output is still dropped afterwards.
                 return False
             if record is not None:
-                self._retire_locked(record)
+                self._sequence.retire_locked(record)
         return super()._skip_before_compute(msg)
 
     # ------------------------------------------------------------------
@@ -294,7 +207,7 @@ class SessionScheduler(SimpleScheduler):
         payload.data = {"opened": True}
         return payload
 
-    def _append(self, operation: SessionOperation, payload: StagePayload, record: _Operation) -> Any:
+    def _append(self, operation: SessionOperation, payload: StagePayload, record: SequencedOperation) -> Any:
         session_id = operation.session_id
         with self._cond:
             if session_id not in self._sessions:
@@ -304,7 +217,7 @@ class SessionScheduler(SimpleScheduler):
             request_id=payload.request_id,
             cancelled=record.cancelled,
             emit=functools.partial(self._emit_chunk, session_id, payload.request_id, record.cancelled),
-            upstream=functools.partial(self._read_upstream, record),
+            upstream=functools.partial(self._sequence.read_upstream, record),
         )
         chunk = operation.chunk if operation.has_chunk else payload.request.inputs
         try:
@@ -332,7 +245,7 @@ class SessionScheduler(SimpleScheduler):
                 raise RuntimeError("session scheduler is stopping")
             if session_id in self._readers:
                 raise ValueError(f"session {session_id!r} already has a reader")
-            if session_id not in self._sessions and session_id not in self._order:
+            if session_id not in self._sessions and not self._sequence.has_operations_locked(session_id):
                 raise ValueError(f"session {session_id!r} is not open")
             # Checked under the lock that _on_abort takes: an abort either
             # lands before (no attach) or detaches right after.
@@ -396,60 +309,23 @@ class SessionScheduler(SimpleScheduler):
         if close_error is not None and raise_errors:
             raise close_error
 
-    def _take_upstream(self, msg: IncomingMessage) -> None:
-        """A chunk (or the end) of what the previous owner streams for an append here."""
-        with self._cond:
-            record = self._operations.get(msg.request_id)
-            if record is None or record.op != "append":
-                return  # not an append (any more): nothing would read it
-            box = self._upstream.setdefault(msg.request_id, queue.SimpleQueue())
-        item = msg.data
-        box.put(_UPSTREAM_DONE if msg.type == "stream_done" else getattr(item, "data", item))
-
-    def _read_upstream(self, record: _Operation) -> Iterator[Any]:
-        with self._cond:
-            box = self._upstream.setdefault(record.request_id, queue.SimpleQueue())
-        while not record.cancelled.is_set():
-            item = box.get()
-            if item is _UPSTREAM_DONE:
-                return
-            if item is not _UPSTREAM_WAKE:
-                yield item
-
-    def _cancel_locked(self, record: _Operation) -> None:
-        """Cancel an operation and wake its upstream reader; the caller holds ``_cond``."""
-        record.cancelled.set()
-        box = self._upstream.get(record.request_id)
-        if box is not None:
-            box.put(_UPSTREAM_WAKE)
-
     # ------------------------------------------------------------------
     # Abort, stop, output
     # ------------------------------------------------------------------
 
     def _on_abort(self, request_id: str) -> None:
-        requeue: IncomingMessage | None = None
         with self._cond:
-            record = self._operations.get(request_id)
-            if record is not None:
-                self._cancel_locked(record)
-                if not record.started and record.op != "close":
-                    # "Finished or aborted": later operations need not wait for it.
-                    self._retire_locked(record)
-                elif not record.started:
-                    # A close runs even when aborted; the stage may have purged it from the queue.
-                    requeue = record.message
+            requeue = self._sequence.abort_locked(request_id)
             for session_id, reader in list(self._readers.items()):
                 if reader.request_id == request_id:
                     del self._readers[session_id]
         if requeue is not None:
-            cast(_SessionInbox, self.inbox).requeue(requeue)
+            cast(SessionInbox, self.inbox).requeue(requeue)
 
     def _on_shutdown(self) -> None:
         with self._cond:
             self._sessions_stopping = True
-            for record in self._operations.values():
-                self._cancel_locked(record)
+            self._sequence.cancel_all_locked()
             idle = [sid for sid, session in self._sessions.items() if not session.busy]
             orphan_readers = [sid for sid in self._readers if sid not in self._sessions]
             self._cond.notify_all()

@@ -29,14 +29,16 @@ from omni_trio.scheduling._support import (
     batch_results,
     call_logged,
     call_sync_or_async,
+    checked_count,
     checked_max_pending,
     error_message,
     refuse_if_full,
     result_message,
 )
 from omni_trio.scheduling.busy import BusyTime
+from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, batch_sink, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
-from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
+from omni_trio.scheduling.on_loop import LoopComputes, checked_for_trio_loop
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -58,6 +60,10 @@ class SimpleScheduler(BatchingOptions):
     second request joins; a backlog still batches fully. Concurrent mode
     (``max_concurrency > 1``) runs that many worker threads, no batching.
 
+    ``compute_fn`` (and ``batch_compute_fn``) may be a generator function,
+    sync or async: what it yields goes out as the request's stream chunks,
+    before its result (see :mod:`omni_trio.scheduling.generated`).
+
     Every exception from user compute becomes an ``error`` message for the
     request(s) it belongs to; the loop keeps serving. Aborted requests never
     enter a batch and their outputs are dropped.
@@ -66,11 +72,15 @@ class SimpleScheduler(BatchingOptions):
     a further ``new_request`` raises :class:`QueueFullError` (the stage fails
     that request, which the caller sees as ``RequestFailed``). None: unbounded.
 
-    Where ``compute_fn`` runs, in a stage: an ``async def`` compute function
-    (without ``batch_compute_fn``) runs on the stage's trio event loop, up to
-    ``max_concurrency`` requests at a time, with no thread hand-off (it must
-    await, never block; an abort cancels it); a plain function runs on the
-    scheduler thread (or its ``max_concurrency`` worker threads).
+    Where ``compute_fn`` runs: on the scheduler thread (or its
+    ``max_concurrency`` worker threads). An ``async def`` one (or one that
+    returns an awaitable) runs to completion on an asyncio event loop of
+    that thread, as in SGLang-Omni, so it may await asyncio (``asyncio.sleep``,
+    an asyncio client); an abort drops its result. ``run_on_trio_loop=True``
+    runs an ``async def`` compute function (without ``batch_compute_fn``)
+    on the stage's trio event loop instead, up to ``max_concurrency``
+    requests at a time, with no thread hand-off: for a function that awaits
+    trio only (never asyncio) and never blocks; an abort cancels it.
 
     ``inline=True`` is for a ``compute_fn`` that is quick and never blocks
     (routing, light preprocessing, a merge): it runs in :meth:`enqueue`, on
@@ -97,9 +107,10 @@ class SimpleScheduler(BatchingOptions):
         request_arrival_hook: Callable[[Any], object] | None = None,
         max_pending: int | None = None,
         inline: bool = False,
+        run_on_trio_loop: bool = False,
     ) -> None:
         self.max_pending = checked_max_pending(max_pending)
-        self.max_concurrency = max(int(max_concurrency), 1)
+        self.max_concurrency = checked_count("max_concurrency", max_concurrency)
         if self.max_concurrency > 1 and batch_compute_fn is not None:
             raise ValueError("max_concurrency > 1 and batch_compute_fn are mutually exclusive")
         if inline and (batch_compute_fn is not None or self.max_concurrency > 1):
@@ -107,6 +118,8 @@ class SimpleScheduler(BatchingOptions):
                 "inline=True runs compute_fn on the stage's event loop one request at a time: "
                 "drop batch_compute_fn and max_concurrency, or drop inline"
             )
+        if run_on_trio_loop:
+            checked_for_trio_loop(compute_fn, batch_compute_fn=batch_compute_fn, inline=inline)
         self.inline = inline
         self.inbox: queue.Queue[IncomingMessage] = Inbox()
         self.outbox = Outbox()
@@ -127,12 +140,8 @@ class SimpleScheduler(BatchingOptions):
         self._live_workers = 0
         #: How long compute ran here (``stats()``'s ``busy_seconds``).
         self.busy = BusyTime()
-        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on threads.
-        self._on_loop = (
-            LoopComputes(self._run_one_async, self.max_concurrency)
-            if is_async_callable(compute_fn) and batch_compute_fn is None and not inline
-            else None
-        )
+        #: Async compute on the stage's trio loop (see :meth:`attach_loop`); None: compute on threads.
+        self._on_loop = LoopComputes(self, self.max_concurrency) if run_on_trio_loop else None
 
     # ------------------------------------------------------------------
     # StageScheduler contract
@@ -152,8 +161,8 @@ class SimpleScheduler(BatchingOptions):
             self._on_loop.wait_finished()
 
     def attach_loop(self, nursery: trio.Nursery) -> None:
-        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
-        from now on (nothing happens for a plain one)."""
+        """Called by the stage on its event loop: with ``run_on_trio_loop``, ``compute_fn`` runs in
+        ``nursery`` from now on (nothing happens otherwise)."""
         if self._on_loop is not None:
             self._on_loop.attach(nursery)
 
@@ -308,7 +317,8 @@ class SimpleScheduler(BatchingOptions):
             self._computes.start(ids)
             try:
                 payloads = [msg.data for msg in batch]
-                returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop)
+                sink = batch_sink(ids, self._chunk_sink)
+                returned = self.busy.call(call_sync_or_async, self.batch_compute_fn, payloads, loop=loop, sink=sink)
             finally:
                 self._computes.finish(ids)
             results = batch_results(returned, len(batch))
@@ -374,7 +384,8 @@ class SimpleScheduler(BatchingOptions):
         try:
             self._computes.start((request_id,))
             try:
-                result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop)
+                sink = self._chunk_sink(request_id)
+                result = self.busy.call(call_sync_or_async, self.compute_fn, msg.data, loop=loop, sink=sink)
             finally:
                 self._computes.finish((request_id,))
         except Exception as exc:
@@ -387,7 +398,7 @@ class SimpleScheduler(BatchingOptions):
             return
         self._emit_result(request_id, result)
 
-    async def _run_one_async(self, msg: IncomingMessage) -> None:
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
         """:meth:`_run_one` for an ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
         request_id = msg.request_id
         if self._skip_before_compute(msg):
@@ -395,7 +406,7 @@ class SimpleScheduler(BatchingOptions):
         started = time.perf_counter_ns()
         self._computes.start((request_id,))
         try:
-            result = await self.compute_fn(msg.data)
+            result = await compute_async(self.compute_fn, msg.data, self._chunk_sink(request_id))
         except Exception as exc:
             if not self.is_aborted(request_id):
                 logger.exception("%s: compute_fn failed for %s", type(self).__name__, request_id)
@@ -406,6 +417,16 @@ class SimpleScheduler(BatchingOptions):
             self.busy.add(time.perf_counter_ns() - started)
         if not self.is_aborted(request_id):
             self._emit_result(request_id, result)
+
+    def _chunk_sink(self, request_id: str) -> ChunkSink:
+        """Where a generator ``compute_fn`` computing ``request_id`` sends what it yields."""
+
+        def send(chunk: object) -> None:
+            if self.is_aborted(request_id):
+                raise GenerationStopped(request_id)
+            self.outbox.put(stream_message(request_id, chunk))
+
+        return send
 
     def _skip_before_compute(self, msg: IncomingMessage) -> bool:
         """True if ``msg``'s request was aborted and must not be computed.

@@ -10,40 +10,25 @@ See SPEC §5.3.
 
 from __future__ import annotations
 
-import collections
-import functools
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling._support import (
-    WAKEUP,
-    BatchingOptions,
     BatchWindow,
-    RunningComputes,
-    SyncIdSet,
     ThreadLoop,
     batch_results,
-    call_logged,
     call_sync_or_async,
-    checked_max_pending,
-    error_message,
-    refuse_if_full,
-    result_message,
 )
-from omni_trio.scheduling.busy import BusyTime
-from omni_trio.scheduling.inbox import Inbox
-from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage
-from omni_trio.scheduling.simple import BatchComputeFn, ComputeFn
+from omni_trio.scheduling.streaming_core import StreamingCore
 
 logger = logging.getLogger(__name__)
 
 
-class StreamingSimpleScheduler(BatchingOptions):
+class StreamingSimpleScheduler(StreamingCore):
     """Scheduler base for simple stages with streaming input.
 
     Streaming requests (``is_streaming_payload`` is True) are set up with
@@ -63,73 +48,14 @@ class StreamingSimpleScheduler(BatchingOptions):
 
     ``max_pending`` bounds the new requests waiting in the inbox (see
     :meth:`enqueue`); stream chunks and signals are never refused.
+
+    A request id may serve again once its request completed here: nothing of
+    the finished request is kept but, when it completed before its
+    ``stream_done`` came, one mark that ignores that late done
+    (:attr:`completed_request_ids`). A chunk under a completed id starts the
+    new request (a chunk never follows its own stream's done). An aborted id
+    stays aborted: what still comes for it is skipped.
     """
-
-    can_batch_stream_chunks: bool = False
-    stream_chunk_batch_max: int | None = None
-    stream_chunk_batch_distinct_requests: bool = False
-
-    def __init__(
-        self,
-        compute_fn: ComputeFn | None,
-        *,
-        batch_compute_fn: BatchComputeFn | None = None,
-        max_batch_size: int = 1,
-        max_batch_wait_ms: float = 0,
-        batch_wait_when_idle: bool = False,
-        request_cost_fn: Callable[[Any], int] | None = None,
-        max_batch_cost: int | None = None,
-        abort_callback: Callable[[str], object] | None = None,
-        max_pending: int | None = None,
-    ) -> None:
-        self.max_pending = checked_max_pending(max_pending)
-        self.inbox: queue.Queue[IncomingMessage] = Inbox()
-        self.outbox = Outbox()
-        self.compute_fn = compute_fn
-        self._init_batching(
-            batch_compute_fn, max_batch_size, max_batch_wait_ms, batch_wait_when_idle, request_cost_fn, max_batch_cost
-        )
-        self.abort_callback = abort_callback
-        #: Payloads of streaming requests, by request id, until they complete.
-        self.stream_payloads: dict[str, StagePayload] = {}
-        #: Requests whose ``stream_done`` arrived before their payload.
-        self.pending_done: set[str] = set()
-        #: Messages taken from the inbox but not handled yet; served first.
-        self.pending_messages: collections.deque[IncomingMessage] = collections.deque()
-        #: Held while hooks run on request state; re-entrant so hooks may call
-        #: back into :meth:`complete_stream_request`.
-        self.state_lock = threading.RLock()
-        self.aborted_request_ids = SyncIdSet()
-        self._computes = RunningComputes()
-        #: Requests that finished here; a late ``stream_done`` or chunk for
-        #: them is ignored instead of creating state nobody will clear.
-        self.completed_request_ids = SyncIdSet()
-        self._stopping = threading.Event()
-        self._serving_thread: int | None = None
-
-    @functools.cached_property
-    def busy(self) -> BusyTime:
-        """How long the hooks and compute functions ran here (``stats()``'s ``busy_seconds``)."""
-        # Created on first use, not in __init__: a subclass may not call our __init__.
-        return BusyTime()
-
-    # ------------------------------------------------------------------
-    # Hooks for subclasses
-    # ------------------------------------------------------------------
-
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        """Whether ``payload`` starts a streaming request (default: never)."""
-        return False
-
-    def validate_non_streaming_payload(self, payload: StagePayload) -> None:
-        """Raise to fail a non-streaming request before it is computed."""
-
-    def on_streaming_new_request(self, request_id: str, payload: StagePayload) -> None:
-        """A streaming request's payload arrived (it is in :attr:`stream_payloads`)."""
-
-    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
-        """Handle one chunk (called under :attr:`state_lock`); return messages to emit."""
-        return []
 
     def on_stream_chunk_batch(self, items: list[tuple[str, StreamItem]]) -> None:
         """Handle several queued chunks; called without the lock, return ignored.
@@ -148,41 +74,9 @@ class StreamingSimpleScheduler(BatchingOptions):
                 self.emit_error(request_id, exc)
                 self.abort(request_id)
 
-    def on_stream_done(self, request_id: str) -> list[OutgoingMessage] | None:
-        """The stream ended and the payload is here: return the completing messages.
-
-        Return ``None`` to finish later through :meth:`complete_stream_request`.
-        """
-        return []
-
-    def on_stream_done_before_payload(self, request_id: str) -> list[OutgoingMessage]:
-        """Output owed the moment the stream ends, before the payload arrived.
-
-        For example an already decoded tail: it must not wait for the payload,
-        which travels on another path. Completion still waits for the payload.
-        """
-        return []
-
-    def clear_stream_state(self, request_id: str) -> None:
-        """Drop the subclass's state for ``request_id`` (completion or abort)."""
-
-    def has_ready_work(self) -> bool:
-        """True when :meth:`run_ready_step` can compute on already-ingested state."""
-        return False
-
-    def run_ready_step(self) -> None:
-        """One compute step on already-ingested state; runs when the inbox is empty.
-
-        An exception here is not tied to a request: it ends ``start`` (the
-        stage then treats the scheduler as crashed).
-        """
-
     # ------------------------------------------------------------------
-    # StageScheduler contract
+    # Serving
     # ------------------------------------------------------------------
-
-    def warm_up_serving_thread(self) -> None:
-        """Build thread-local state on the scheduler thread (nothing by default)."""
 
     def start(self) -> None:
         """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
@@ -210,43 +104,6 @@ class StreamingSimpleScheduler(BatchingOptions):
         finally:
             loop.close()
 
-    def stop(self) -> None:
-        """Make ``start`` return; the ``wakeup`` sentinel unblocks a waiting loop."""
-        self._stopping.set()
-        self.inbox.put(WAKEUP)
-
-    def enqueue(self, msg: IncomingMessage) -> None:
-        """Hand a message to the scheduler (stage event loop; never blocks).
-
-        Raises :class:`QueueFullError` for a ``new_request`` beyond ``max_pending`` waiting ones.
-        """
-        # getattr: a subclass that does not call our __init__ has no limit.
-        refuse_if_full(getattr(self, "max_pending", None), msg, self.inbox, self.pending_messages)
-        self.inbox.put(msg)
-
-    def abort(self, request_id: str) -> None:
-        """Drop the request's state and ignore its later messages.
-
-        ``abort_callback`` runs once per id, however many times it is aborted.
-        """
-        fresh = self.aborted_request_ids.add(request_id)
-        if threading.get_ident() == self._serving_thread:
-            self.clear_request_state(request_id, keep_aborted=True)
-        else:
-            # From the stage's event loop: never wait for state_lock there (a hook may
-            # hold it for a whole compute step); the serve loop clears the state.
-            self.inbox.put(IncomingMessage(request_id, "abort"))
-        if fresh:
-            call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
-
-    def is_aborted(self, request_id: str) -> bool:
-        """Whether ``request_id`` was aborted here."""
-        return request_id in self.aborted_request_ids
-
-    # ------------------------------------------------------------------
-    # Dispatch
-    # ------------------------------------------------------------------
-
     def handle_message(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
         """Handle one message from the inbox (exceptions fail its request)."""
         ids = (msg.request_id,)
@@ -265,36 +122,6 @@ class StreamingSimpleScheduler(BatchingOptions):
                 raise ValueError(f"unsupported streaming scheduler message type: {msg.type!r}")
         finally:
             self._computes.finish(ids)
-
-    def running_computes(self) -> dict[str, float]:
-        """``request_id -> time.monotonic()`` at which the message being handled for it was taken up
-        (user hooks run while it is handled), for every request being handled now."""
-        return self._computes.snapshot()
-
-    def _absorb_abort(self, msg: IncomingMessage) -> bool:
-        """Handle an ``abort`` note that :meth:`abort` queued from the stage's thread.
-
-        The request's state is cleared here, on the serving thread where the hooks
-        run. Batch collectors call this too: a note about one request is consumed
-        where it is found, so it never ends (or cuts short) another request's batch.
-        """
-        if msg.type != "abort":
-            return False
-        self.clear_request_state(msg.request_id, keep_aborted=True)
-        return True
-
-    def _take(self) -> IncomingMessage:
-        if self.pending_messages:
-            return self.pending_messages.popleft()
-        return self.inbox.get()
-
-    def _take_nowait(self) -> IncomingMessage | None:
-        if self.pending_messages:
-            return self.pending_messages.popleft()
-        try:
-            return self.inbox.get_nowait()
-        except queue.Empty:
-            return None
 
     # ------------------------------------------------------------------
     # new_request
@@ -377,7 +204,9 @@ class StreamingSimpleScheduler(BatchingOptions):
         active = [msg for msg in batch if not self.is_aborted(msg.request_id)]
         with self.state_lock:
             for msg in active:
-                self.pending_done.discard(msg.request_id)
+                if msg.request_id in self.pending_done:
+                    self.pending_done.discard(msg.request_id)
+                    self._stream_ended.add(msg.request_id)
         valid: list[IncomingMessage] = []
         for msg in active:
             try:
@@ -422,7 +251,23 @@ class StreamingSimpleScheduler(BatchingOptions):
             self.emit_error(request_id, outcome)
         else:
             self.emit_result(request_id, outcome)
-        self.completed_request_ids.add(request_id)
+        self._completed(request_id)
+
+    def _completed(self, request_id: str) -> None:
+        """``request_id`` finished here: clear its state, and remember it if a done signal may still come.
+
+        A ``stream_done`` ends a request's stream once: after one arrived, the next
+        done under this id belongs to a new request that reuses the id. Until one
+        arrived, the next done may be this request's own, late (its stream ended on
+        another path than its payload came by), and is ignored once (see
+        :meth:`handle_stream_done`). Nothing else of the request is kept, so the id can
+        serve a new request with nothing of this one applied to it.
+        """
+        with self.state_lock:
+            ended = request_id in self._stream_ended
+            self.clear_request_state(request_id)
+            if not ended:
+                self.completed_request_ids.add(request_id)
 
     # ------------------------------------------------------------------
     # stream_chunk / stream_done
@@ -461,18 +306,19 @@ class StreamingSimpleScheduler(BatchingOptions):
     def handle_stream_chunk(self, request_id: str, item: object) -> None:
         """Feed one chunk to :meth:`on_stream_chunk` and emit its messages."""
         chunk = self.validate_stream_chunk_item(request_id, item)
-        if request_id in self.completed_request_ids:
-            # The request already finished here; new state for it would leak.
-            return
         with self.state_lock:
+            # A chunk never follows its stream's done: under a completed id it starts a new request.
+            self.completed_request_ids.discard(request_id)
             self._put_unless_aborted(request_id, self.busy.call(self.on_stream_chunk, request_id, chunk))
 
     def handle_stream_chunk_batch(self, batch: list[IncomingMessage]) -> None:
         """Validate a chunk batch and hand it to :meth:`on_stream_chunk_batch`."""
         items: list[tuple[str, StreamItem]] = []
         for msg in batch:
-            if self.is_aborted(msg.request_id) or msg.request_id in self.completed_request_ids:
+            if self.is_aborted(msg.request_id):
                 continue
+            # A chunk never follows its stream's done: under a completed id it starts a new request.
+            self.completed_request_ids.discard(msg.request_id)
             try:
                 items.append((msg.request_id, self.validate_stream_chunk_item(msg.request_id, msg.data)))
             except Exception as exc:  # noqa: BLE001 - the error message carries it to the caller
@@ -490,11 +336,12 @@ class StreamingSimpleScheduler(BatchingOptions):
         """End of the request's stream: complete it, or latch it until the payload."""
         with self.state_lock:
             if request_id not in self.stream_payloads:
-                if request_id in self.completed_request_ids:
-                    return
+                if self.completed_request_ids.pop(request_id):
+                    return  # the late done of the request that completed under this id (see _completed)
                 self.pending_done.add(request_id)
                 self._put_unless_aborted(request_id, self.busy.call(self.on_stream_done_before_payload, request_id))
                 return
+            self._stream_ended.add(request_id)
             messages = self.busy.call(self.on_stream_done, request_id)
             if messages is not None:
                 self.complete_stream_request(request_id, messages)
@@ -508,31 +355,4 @@ class StreamingSimpleScheduler(BatchingOptions):
         with self.state_lock:
             self._put_unless_aborted(request_id, messages)
             if not self.is_aborted(request_id):
-                self.clear_request_state(request_id)
-                self.completed_request_ids.add(request_id)
-
-    def clear_request_state(self, request_id: str, *, keep_aborted: bool = False) -> None:
-        """Forget everything about ``request_id`` here (subclass state included)."""
-        with self.state_lock:
-            self.stream_payloads.pop(request_id, None)
-            self.pending_done.discard(request_id)
-            self.clear_stream_state(request_id)
-            if not keep_aborted:
-                self.aborted_request_ids.discard(request_id)
-
-    # ------------------------------------------------------------------
-    # Output
-    # ------------------------------------------------------------------
-
-    def _put_unless_aborted(self, request_id: str, messages: Iterable[OutgoingMessage] | None) -> None:
-        for out in messages or ():
-            if not self.is_aborted(request_id):
-                self.outbox.put(out)
-
-    def emit_result(self, request_id: str, result: object) -> None:
-        """Put a ``result`` for ``request_id`` into the outbox."""
-        self.outbox.put(result_message(request_id, result))
-
-    def emit_error(self, request_id: str, error: BaseException) -> None:
-        """Put an ``error`` for ``request_id`` into the outbox."""
-        self.outbox.put(error_message(request_id, error))
+                self._completed(request_id)

@@ -27,14 +27,16 @@ from omni_trio.scheduling._support import (
     ThreadLoop,
     call_logged,
     call_sync_or_async,
+    checked_limit,
     checked_max_pending,
     error_message,
     refuse_if_full,
     result_message,
 )
 from omni_trio.scheduling.busy import BusyTime
+from omni_trio.scheduling.generated import ChunkSink, GenerationStopped, compute_async, stream_message
 from omni_trio.scheduling.inbox import Inbox
-from omni_trio.scheduling.on_loop import LoopComputes, is_async_callable
+from omni_trio.scheduling.on_loop import LoopComputes, checked_for_trio_loop
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
 
@@ -51,10 +53,16 @@ class ThreadedSimpleScheduler:
     time and again when an aborted or cancelled future completes, so cleanup
     also sees side effects of a compute that finished after the abort.
 
-    In a stage, an ``async def`` ``compute_fn`` runs on the stage's trio
-    event loop instead of the pool (up to ``max_concurrency`` at once, no
-    thread hand-off; an abort cancels it, and ``abort_callback`` runs again
-    once the cancelled compute ended); a plain one runs on the pool.
+    ``compute_fn`` may be a generator function, sync or async: what it
+    yields goes out as the request's stream chunks, before its result (see
+    :mod:`omni_trio.scheduling.generated`); an abort closes it.
+
+    An ``async def`` ``compute_fn`` runs on the pool too, each call to
+    completion on an asyncio event loop of its own (it may await asyncio).
+    ``run_on_trio_loop=True`` runs it on the stage's trio event loop instead
+    (up to ``max_concurrency`` at once, no thread hand-off; it must await trio
+    only; an abort cancels it, and ``abort_callback`` runs again once the
+    cancelled compute ended).
     """
 
     def __init__(
@@ -65,7 +73,12 @@ class ThreadedSimpleScheduler:
         abort_callback: Callable[[str], object] | None = None,
         dispatch_fn: Callable[[Any], Future[Any]] | None = None,
         max_pending: int | None = None,
+        run_on_trio_loop: bool = False,
     ) -> None:
+        if run_on_trio_loop:
+            if dispatch_fn is not None or max_concurrency is None:
+                raise ValueError("run_on_trio_loop=True runs compute_fn, max_concurrency at a time: drop dispatch_fn")
+            checked_for_trio_loop(compute_fn)
         if dispatch_fn is None:
             if compute_fn is None:
                 raise ValueError("ThreadedSimpleScheduler needs compute_fn or dispatch_fn")
@@ -76,7 +89,7 @@ class ThreadedSimpleScheduler:
         self.outbox = Outbox()
         self.compute_fn = compute_fn
         self.dispatch_fn = dispatch_fn
-        self.max_concurrency = None if max_concurrency is None else max(int(max_concurrency), 1)
+        self.max_concurrency = checked_limit("max_concurrency", max_concurrency)
         self.abort_callback = abort_callback
         # dispatch_fn owns its own execution; a pool would only sit idle.
         self._executor = (
@@ -99,10 +112,10 @@ class ThreadedSimpleScheduler:
         self._stopping = False
         #: How long compute ran here (``stats()``'s ``busy_seconds``; a ``dispatch_fn``'s work is not seen).
         self.busy = BusyTime()
-        #: Async compute on the stage's loop (see :meth:`attach_loop`); None: compute on the pool.
+        #: Async compute on the stage's trio loop (see :meth:`attach_loop`); None: compute on the pool.
         self._on_loop = (
-            LoopComputes(self._run_one_async, self.max_concurrency)
-            if dispatch_fn is None and self.max_concurrency is not None and is_async_callable(compute_fn)
+            LoopComputes(self, self.max_concurrency)
+            if run_on_trio_loop and self.max_concurrency is not None
             else None
         )
 
@@ -124,8 +137,8 @@ class ThreadedSimpleScheduler:
                 self._executor.shutdown(wait=False, cancel_futures=True)
 
     def attach_loop(self, nursery: trio.Nursery) -> None:
-        """Called by the stage on its event loop: an ``async def`` ``compute_fn`` runs in ``nursery``
-        from now on (nothing happens for a plain one)."""
+        """Called by the stage on its event loop: with ``run_on_trio_loop``, ``compute_fn`` runs in
+        ``nursery`` from now on (nothing happens otherwise)."""
         if self._on_loop is not None:
             self._on_loop.attach(nursery)
 
@@ -248,12 +261,13 @@ class ThreadedSimpleScheduler:
         self._computes.start((request_id,))
         try:
             assert self.compute_fn is not None
-            return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop)
+            sink = self._chunk_sink(request_id)
+            return self.busy.call(call_sync_or_async, self.compute_fn, payload, loop=loop, sink=sink)
         finally:
             self._computes.finish((request_id,))
             loop.close()
 
-    async def _run_one_async(self, msg: IncomingMessage) -> None:
+    async def compute_on_loop(self, msg: IncomingMessage) -> None:
         """One request's ``async def`` ``compute_fn`` on the stage's loop (an abort cancels it)."""
         request_id = msg.request_id
         if self._speculative.pop(request_id):
@@ -262,7 +276,7 @@ class ThreadedSimpleScheduler:
         started = time.perf_counter_ns()
         self._computes.start((request_id,))
         try:
-            result = await self.compute_fn(msg.data)
+            result = await compute_async(self.compute_fn, msg.data, self._chunk_sink(request_id))
         except BaseException as exc:
             if self._speculative.pop(request_id):
                 # Aborted (and cancelled): late cleanup, as for a pool compute that ends after its abort.
@@ -280,6 +294,25 @@ class ThreadedSimpleScheduler:
             call_logged(self.abort_callback, request_id, what=f"abort_callback for {request_id!r}")
             return
         self.outbox.put(result_message(request_id, result))
+
+    def _chunk_sink(self, request_id: str) -> ChunkSink:
+        """Where a generator ``compute_fn`` computing ``request_id`` sends what it yields."""
+
+        def send(chunk: object) -> None:
+            if self._dropped(request_id):
+                raise GenerationStopped(request_id)
+            self.outbox.put(stream_message(request_id, chunk))
+
+        return send
+
+    def _dropped(self, request_id: str) -> bool:
+        """Whether ``request_id`` was aborted (or the scheduler stopped) while it computes."""
+        if self._on_loop is not None and self._on_loop.attached:
+            return request_id in self._speculative
+        with self._cond:
+            if self._stopping or request_id in self._tombstones:
+                return True
+            return request_id not in self._pending and request_id not in self._claiming
 
     def _finish(self, request_id: str, future: Future[Any]) -> None:
         with self._cond:

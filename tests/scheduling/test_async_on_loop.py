@@ -69,7 +69,7 @@ async def test_serial_async_compute_runs_on_the_loop_in_order(make: Any) -> None
         payload.data = f"done:{payload.data}"
         return payload
 
-    scheduler = make(compute, max_concurrency=1)
+    scheduler = make(compute, max_concurrency=1, run_on_trio_loop=True)
     with trio.fail_after(10):
         async with serve_on_loop(scheduler):
             for i in range(6):
@@ -88,7 +88,7 @@ async def test_async_errors_become_error_messages_and_serving_goes_on(make: Any)
             raise KeyError("bad")
         return payload
 
-    scheduler = make(compute, max_concurrency=1)
+    scheduler = make(compute, max_concurrency=1, run_on_trio_loop=True)
     with trio.fail_after(10):
         async with serve_on_loop(scheduler):
             scheduler.enqueue(new_request("bad", "bad"))
@@ -113,7 +113,7 @@ async def test_abort_cancels_a_running_async_compute_and_skips_a_queued_one(make
             raise
         raise AssertionError("unreachable")
 
-    scheduler = make(compute, max_concurrency=1, abort_callback=aborted.append)
+    scheduler = make(compute, max_concurrency=1, abort_callback=aborted.append, run_on_trio_loop=True)
     with trio.fail_after(10):
         async with serve_on_loop(scheduler):
             scheduler.enqueue(new_request("running"))
@@ -141,7 +141,7 @@ async def test_concurrent_async_computes_overlap() -> None:
         inside -= 1
         return payload
 
-    scheduler = SimpleScheduler(compute, max_concurrency=3)
+    scheduler = SimpleScheduler(compute, max_concurrency=3, run_on_trio_loop=True)
     with trio.fail_after(10):
         async with serve_on_loop(scheduler):
             for i in range(6):
@@ -157,7 +157,7 @@ async def test_max_pending_counts_the_requests_waiting_on_the_loop() -> None:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
-    scheduler = SimpleScheduler(compute, max_pending=1)
+    scheduler = SimpleScheduler(compute, max_pending=1, run_on_trio_loop=True)
     with trio.fail_after(10):
         async with serve_on_loop(scheduler):
             scheduler.enqueue(new_request("running"))
@@ -175,7 +175,7 @@ async def test_stop_lets_the_running_compute_finish_first() -> None:
         await release.wait()
         return payload
 
-    scheduler = SimpleScheduler(compute)
+    scheduler = SimpleScheduler(compute, run_on_trio_loop=True)
     thread = threading.Thread(target=scheduler.start, daemon=True)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

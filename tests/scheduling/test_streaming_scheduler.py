@@ -128,11 +128,57 @@ def test_late_done_for_completed_request_is_ignored() -> None:
     with serving(scheduler):
         scheduler.inbox.put(new_request("n1", "plain"))
         assert get(scheduler.outbox).type == "result"
-        scheduler.inbox.put(done("n1"))
-        scheduler.inbox.put(chunk("n1", 0, "late"))
+        scheduler.inbox.put(done("n1"))  # its stream ended on another path than its payload came by
         assert_quiet(scheduler.outbox, 0.1)
     assert "n1" not in scheduler.pending_done
+    assert "n1" not in scheduler.completed_request_ids
     assert scheduler.chunks == []
+
+
+def test_a_completed_streaming_id_serves_a_new_stream_with_chunks_before_its_payload() -> None:
+    scheduler = Recorder()
+    with serving(scheduler):
+        for data in ("first", "second"):
+            scheduler.inbox.put(chunk("r1", 0, data))
+            scheduler.inbox.put(done("r1"))
+            assert get(scheduler.outbox).data == data
+            scheduler.inbox.put(new_request("r1", "stream"))
+            assert (get(scheduler.outbox).type, scheduler.pending_done) == ("result", set())
+    assert scheduler.chunks == [("r1", "first"), ("r1", "second")]
+    assert scheduler.stream_payloads == {} and "r1" not in scheduler.completed_request_ids
+
+
+def test_a_completed_streaming_id_serves_an_empty_stream() -> None:
+    scheduler = Recorder()
+    with serving(scheduler):
+        for _ in range(2):
+            scheduler.inbox.put(done("r1"))  # no chunks at all, the done before the payload
+            scheduler.inbox.put(new_request("r1", "stream"))
+            assert (get(scheduler.outbox).type, scheduler.pending_done) == ("result", set())
+
+
+def test_a_completed_non_streaming_id_serves_a_new_stream_after_the_late_done() -> None:
+    scheduler = Recorder()
+    with serving(scheduler):
+        scheduler.inbox.put(new_request("r1", "plain"))
+        assert get(scheduler.outbox).data.data == "plain"
+        scheduler.inbox.put(done("r1"))  # the first request's late done: ignored
+        scheduler.inbox.put(chunk("r1", 0, "new"))  # the new request's stream
+        scheduler.inbox.put(done("r1"))
+        assert get(scheduler.outbox).data == "new"
+        scheduler.inbox.put(new_request("r1", "stream"))
+        assert get(scheduler.outbox).type == "result"
+    assert scheduler.chunks == [("r1", "new")]
+
+
+def test_non_streaming_completion_clears_state_its_early_chunks_made() -> None:
+    scheduler = Recorder()
+    with serving(scheduler):
+        scheduler.inbox.put(chunk("r1", 0, "stray"))
+        assert get(scheduler.outbox).data == "stray"
+        scheduler.inbox.put(new_request("r1", "plain"))
+        assert get(scheduler.outbox).type == "result"
+    assert scheduler.cleared == ["r1"]  # nothing of it is left for a new request under the id
 
 
 class ChunkBatcher(Recorder):
