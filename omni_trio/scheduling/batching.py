@@ -204,8 +204,12 @@ class ContinuousBatchingScheduler:
             return
         if msg.type not in ("new_request", "stream_chunk", "stream_done"):
             return  # the stop sentinel (the loop checks _stopping), admin notes
-        if self.is_aborted(request_id) or request_id in self._finished:
+        if self.is_aborted(request_id):
             return
+        if request_id in self._finished:
+            if self.stream_input or msg.type != "new_request":
+                return  # a late message of a request that finished here
+            self._finished.discard(request_id)  # the id comes back, as a new request
         if msg.type != "new_request" and not self.stream_input:
             self._fail(request_id, ValueError(
                 f"{msg.type} for {request_id!r}: this ContinuousBatchingScheduler takes no stream input "

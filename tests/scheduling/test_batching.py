@@ -167,6 +167,14 @@ def test_the_scheduler_blocks_on_its_inbox_when_idle() -> None:
         assert [out.type for out in get_n(scheduler.outbox, 2)] == ["stream", "result"]
 
 
+def test_a_finished_request_id_can_come_back_as_a_new_request() -> None:
+    scheduler = ContinuousBatchingScheduler(lambda batch: [StepOutput(chunk=1, done=True) for _ in batch])
+    with serving(scheduler):
+        for _ in range(2):
+            scheduler.inbox.put(new_request("r0", "again"))
+            assert [out.type for out in get_n(scheduler.outbox, 2)] == ["stream", "result"]
+
+
 # ------------------------------------------------------------------------------------------------ aborts
 
 
