@@ -1,5 +1,5 @@
 """The serving benchmark's model, written once for both runtimes: a talker step, a vocoder, the talker's
-hand-written iteration-level scheduler and the vocoder's stream hooks.
+hand-written iteration-level scheduler (SGLang-Omni's side) and the vocoder's stream hooks.
 
 Nothing here imports a runtime: :mod:`benchmarks.serving_stages` (omni-trio) and
 :mod:`benchmarks.serving_sglang_child` (SGLang-Omni) hand in their message classes and queues, and put
@@ -19,8 +19,9 @@ every active request in one batched step; a vocoder turns each frame into 80 ms 
   host memory as bytes), so it should cost CPU here.
 
 :class:`TalkerStep` is the step alone (a batch of states in, one frame each out), separate from its
-scheduling (:class:`BatchingTalker`), so that it can move unchanged to a built-in iteration-level
-scheduler once the runtime has one.
+scheduling: omni-trio runs it in its built-in ``ContinuousBatchingScheduler``
+(:mod:`benchmarks.serving_stages`); SGLang-Omni, which has no such scheduler, in the hand-written
+:class:`BatchingTalker`. Both join new requests between steps up to the same batch size.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ class TalkerStep:
 
 
 class BatchingTalker:
-    """The talker's scheduler, by hand (the protocol: ``inbox``/``outbox``, ``warm_up_serving_thread``,
-    ``start``, ``stop``, ``abort``): iteration-level batching.
+    """The talker's scheduler for SGLang-Omni's side, by hand (the protocol: ``inbox``/``outbox``,
+    ``warm_up_serving_thread``, ``start``, ``stop``, ``abort``): iteration-level batching.
 
     New requests wait in FIFO order and join the active batch between steps, up to ``max_batch``; each
     step emits one ``stream`` message per active request (its frame, for the vocoder) and a ``result``

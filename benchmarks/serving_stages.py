@@ -1,9 +1,11 @@
 """The serving benchmark's pipeline on omni-trio: talker ══frames══► vocoder ══PCM16══► caller, each stage
 in a worker process of its own, and the adapter that serves it as ``POST /v1/audio/speech``.
 
-The model code (the step, the vocoder, the talker's scheduler, the vocoder's hooks) is
-:mod:`benchmarks.serving_model`, shared with SGLang-Omni's side; here it is wired to omni-trio's
-``Inbox``/``Outbox`` and ``StreamingSimpleScheduler``, as a user writes it today.
+The model code (the talker's step, the vocoder, the vocoder's hooks) is :mod:`benchmarks.serving_model`,
+shared with SGLang-Omni's side; here the step runs in omni-trio's built-in
+``ContinuousBatchingScheduler`` and the hooks on its ``StreamingSimpleScheduler``, as a user writes them.
+SGLang-Omni has no iteration-level scheduler: its side runs the same step in the hand-written
+:class:`~benchmarks.serving_model.BatchingTalker`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import torch
 
 import omni_trio as ot
 from benchmarks.serving_model import (
     SAMPLE_RATE,
-    BatchingTalker,
     StepCost,
+    TalkerState,
     TalkerStep,
     VocoderHooks,
     VocoderModel,
@@ -43,12 +46,33 @@ class PipelineShape:
                 "step_per_request_ms": self.step_per_request_ms}
 
 
-def create_talker(max_batch: int, frames: int, step_base_ms: float, step_per_request_ms: float) -> BatchingTalker:
-    """The talker: :class:`BatchingTalker` over :class:`TalkerStep`, with omni-trio's queues (the
-    ``Outbox`` wakes the stage's drain itself; the ``Inbox`` returns a chunk's credit when it is taken)."""
+class Talker(ot.ContinuousBatchingScheduler):
+    """The talker on omni-trio's built-in iteration-level scheduler, torch on one thread."""
+
+    def warm_up_serving_thread(self) -> None:
+        """One thread for torch, like a real model's stage."""
+        torch.set_num_threads(1)
+
+
+def create_talker(max_batch: int, frames: int, step_base_ms: float, step_per_request_ms: float) -> Talker:
+    """The talker: :class:`TalkerStep` over the active batch, a codec frame per request per step, streamed
+    to the vocoder; a request joins with ``params["frames"]`` (else ``frames``) to make and ends with
+    ``{"frames": n}``."""
     step = TalkerStep(StepCost(step_base_ms, step_per_request_ms))
-    return BatchingTalker(step, max_batch, frames, inbox=ot.Inbox(), outbox=ot.Outbox(),
-                          incoming=ot.IncomingMessage, outgoing=ot.OutgoingMessage)
+
+    def join(request: ot.BatchedRequest) -> TalkerState:
+        assert request.payload is not None  # payload-driven: it joins on its payload
+        return TalkerState(request.request_id, int(request.payload.request.params.get("frames", frames)))
+
+    def step_batch(batch: list[ot.BatchedRequest]) -> list[ot.StepOutput]:
+        outputs = []
+        for request, frame in zip(batch, step([request.state for request in batch]), strict=True):
+            if request.state.done:
+                request.payload.data = {"frames": request.state.made}
+            outputs.append(ot.StepOutput(chunk=frame, done=request.state.done))
+        return outputs
+
+    return Talker(step_batch, max_batch_size=max_batch, join_fn=join)
 
 
 class Vocoder(VocoderHooks, ot.StreamingSimpleScheduler):

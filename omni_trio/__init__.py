@@ -56,7 +56,9 @@ from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.payload import OmniRequest, RoutedPayloads, StagePayload, StreamItem
 from omni_trio.runtime.pipeline import open_pipeline
 from omni_trio.scheduling import (
+    BatchedRequest,
     BusyTime,
+    ContinuousBatchingScheduler,
     Inbox,
     IncomingMessage,
     Outbox,
@@ -65,6 +67,7 @@ from omni_trio.scheduling import (
     SessionScheduler,
     SimpleScheduler,
     StageScheduler,
+    StepOutput,
     StreamingSimpleScheduler,
     ThreadedSimpleScheduler,
     TimedChunk,
@@ -76,11 +79,13 @@ from omni_trio.tracing.trace import read_trace
 
 __all__ = [
     "AggregatedInput",
+    "BatchedRequest",
     "BusyTime",
     "CommConfig",
     "CompleteMessage",
     "ConfigError",
     "ConfigProblem",
+    "ContinuousBatchingScheduler",
     "DirectInput",
     "DuplicateRequestId",
     "EndpointsConfig",
@@ -124,6 +129,7 @@ __all__ = [
     "StageStartupError",
     "StageStats",
     "StatsTimeout",
+    "StepOutput",
     "StreamDeliveryConfig",
     "StreamItem",
     "StreamMessage",

@@ -18,17 +18,18 @@ import pytest
 import omni_trio as ot
 
 EXPECTED = {
-    "AggregatedInput", "BusyTime", "CommConfig", "CompleteMessage", "ConfigError", "ConfigProblem",
-    "DirectInput", "DuplicateRequestId", "EndpointsConfig", "FanInError", "Inbox", "IncomingMessage",
+    "AggregatedInput", "BatchedRequest", "BusyTime", "CommConfig", "CompleteMessage", "ConfigError",
+    "ConfigProblem", "ContinuousBatchingScheduler", "DirectInput", "DuplicateRequestId", "EndpointsConfig",
+    "FanInError", "Inbox", "IncomingMessage",
     "LeastInFlight", "MessageTooLarge", "OmniRequest", "OmniTrioError", "Outbox", "OutgoingMessage",
     "Pipeline", "PipelineClosed", "PipelineConfig", "PipelineHealth", "PipelineStats", "ProcessConfig",
     "QueueFullError", "ReplicaLoad", "ReplicaPolicy", "RequestAborted", "RequestError", "RequestFailed",
     "RequestQueueFull", "RequestStream", "RequestTimeout", "RoutedPayloads", "ServeAdapter", "ServeConfig",
     "ServerAddress", "Session", "SessionClosed", "SessionContext", "SessionScheduler", "SimpleScheduler",
     "StageConfig", "StagePayload", "StageProcessDied", "StageScheduler", "StageStartupError", "StageStats",
-    "StatsTimeout", "StreamDeliveryConfig", "StreamItem", "StreamMessage", "StreamingSimpleScheduler",
-    "Terminated", "ThreadedSimpleScheduler", "TimedChunk", "empty", "empty_like", "load_config",
-    "open_pipeline", "read_trace", "serve_http",
+    "StatsTimeout", "StepOutput", "StreamDeliveryConfig", "StreamItem", "StreamMessage",
+    "StreamingSimpleScheduler", "Terminated", "ThreadedSimpleScheduler", "TimedChunk", "empty", "empty_like",
+    "load_config", "open_pipeline", "read_trace", "serve_http",
 }
 #: Old public spellings that still resolve, each with a DeprecationWarning, and what they resolve to.
 DEPRECATED = {"Coordinator": ot.Pipeline}

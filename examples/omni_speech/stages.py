@@ -14,6 +14,7 @@ path, e.g. ``"examples.omni_speech.stages.create_thinker"``.
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -23,13 +24,16 @@ import torch
 
 from examples.omni_speech import models
 from omni_trio import (
+    BatchedRequest,
     BusyTime,
+    ContinuousBatchingScheduler,
     IncomingMessage,
     OmniRequest,
     Outbox,
     OutgoingMessage,
     SimpleScheduler,
     StagePayload,
+    StepOutput,
     StreamingSimpleScheduler,
     StreamItem,
 )
@@ -328,58 +332,62 @@ def create_thinker(seed: int = SEEDS["thinker"], max_new_tokens: int = MAX_NEW_T
 # ------------------------------------------------------------------------------- talker, vocoder
 
 
-class TalkerScheduler(StreamingSimpleScheduler):
+def talk(model: models.Talker, batch: list[BatchedRequest]) -> list[list[StepOutput] | Exception]:
+    """One talker step over the batch: each request's new tokens become codec frames; a request whose
+    thinker stream ended and whose payload is here ends with ``{..., "frames": n}``."""
+    with torch.no_grad():
+        return [_talk_one(model, request) for request in batch]
+
+
+def _talk_one(model: models.Talker, request: BatchedRequest) -> list[StepOutput] | Exception:
+    state: models.TalkerState = request.state
+    outputs = []
+    for item in request.inputs:
+        token = int(item.data.reshape(-1)[0])
+        state.tokens += 1
+        # The voice rides on the request's first frame to the vocoder.
+        voice = {key: item.metadata[key] for key in ("voice", "speed") if item.metadata and key in item.metadata}
+        for index in range(models.FRAMES_PER_TOKEN):
+            codes = model.frame(token, index, state)
+            metadata: dict[str, Any] = {"frame": state.frames - 1}
+            if index == 0:
+                metadata.update(voice)
+            outputs.append(StepOutput(chunk=codes, metadata=metadata))
+    payload = request.payload
+    if request.stream_ended and payload is not None:
+        if state.tokens != len(payload.data["tokens"]):
+            return RuntimeError(f"talker got {state.tokens} tokens, the thinker made {len(payload.data['tokens'])}")
+        payload.data = {**payload.data, "frames": state.frames}
+        outputs.append(StepOutput(done=True))
+    return outputs
+
+
+class TalkerScheduler(ContinuousBatchingScheduler):
     """Each token from the thinker becomes :data:`~models.FRAMES_PER_TOKEN` codec frames, streamed on.
 
-    Tokens can arrive before the thinker's result payload (they always do:
-    the thinker streams while it decodes), so the state is keyed by request
-    id and created by the first chunk.
+    The built-in iteration-level scheduler with stream input: a request joins
+    the batch on its first token (tokens come before the thinker's result
+    payload: the thinker streams while it decodes), each step turns the new
+    tokens of every request in the batch into frames (:func:`talk`), and a
+    request ends once the thinker's stream ended and its payload is here.
     """
 
-    def __init__(self, model: models.Talker) -> None:
-        super().__init__(compute_fn=None)
+    def __init__(self, model: models.Talker, max_batch_size: int = 8) -> None:
+        super().__init__(functools.partial(talk, model), max_batch_size=max_batch_size,
+                         join_fn=lambda request: models.TalkerState(), stream_input=True)
         self.model = model
-        self.states: dict[str, models.TalkerState] = {}
 
     def warm_up_serving_thread(self) -> None:
         _one_thread()
         with torch.no_grad():
             self.model.frame(models.BOS, 0, models.TalkerState())
 
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        return True
 
-    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
-        state = self.states.setdefault(request_id, models.TalkerState())
-        token = int(item.data.reshape(-1)[0])
-        state.tokens += 1
-        frames = []
-        with torch.no_grad():
-            for index in range(models.FRAMES_PER_TOKEN):
-                codes = self.model.frame(token, index, state)
-                frames.append(OutgoingMessage(request_id, "stream", data=codes, metadata={"frame": state.frames - 1}))
-        # The voice rides on the request's first frame to the vocoder.
-        voice = {key: item.metadata[key] for key in ("voice", "speed") if item.metadata and key in item.metadata}
-        if voice and frames[0].metadata is not None:
-            frames[0].metadata.update(voice)
-        return frames
-
-    def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
-        state = self.states.pop(request_id, models.TalkerState())
-        payload = self.stream_payloads[request_id]
-        if state.tokens != len(payload.data["tokens"]):
-            raise RuntimeError(f"talker got {state.tokens} tokens, the thinker made {len(payload.data['tokens'])}")
-        payload.data = {**payload.data, "frames": state.frames}
-        return [OutgoingMessage(request_id, "result", data=payload)]
-
-    def clear_stream_state(self, request_id: str) -> None:
-        self.states.pop(request_id, None)
-
-
-def create_talker(seed: int = SEEDS["talker"]) -> TalkerScheduler:
-    """Tokens in (stream), codec frames out (stream), then ``{"frames": n, ...}``."""
+def create_talker(seed: int = SEEDS["talker"], max_batch_size: int = 8) -> TalkerScheduler:
+    """Tokens in (stream), codec frames out (stream), then ``{"frames": n, ...}``; up to ``max_batch_size``
+    requests step together."""
     _one_thread()
-    return TalkerScheduler(models.seeded(seed, models.Talker))
+    return TalkerScheduler(models.seeded(seed, models.Talker), max_batch_size)
 
 
 class VocoderScheduler(StreamingSimpleScheduler):

@@ -4,6 +4,7 @@ A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
 :class:`IncomingMessage`/:class:`OutgoingMessage` (SPEC §2.5).
 """
 
+from omni_trio.scheduling.batching import BatchedRequest, ContinuousBatchingScheduler, StepOutput
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.errors import QueueFullError
 from omni_trio.scheduling.inbox import Inbox
@@ -17,7 +18,9 @@ from omni_trio.scheduling.streaming import StreamingSimpleScheduler
 from omni_trio.scheduling.threaded import ThreadedSimpleScheduler
 
 __all__ = [
+    "BatchedRequest",
     "BusyTime",
+    "ContinuousBatchingScheduler",
     "Inbox",
     "IncomingMessage",
     "Outbox",
@@ -29,6 +32,7 @@ __all__ = [
     "SessionScheduler",
     "SimpleScheduler",
     "StageScheduler",
+    "StepOutput",
     "StreamingSimpleScheduler",
     "ThreadedSimpleScheduler",
     "TimedChunk",
