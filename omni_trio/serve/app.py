@@ -34,6 +34,7 @@ from omni_trio.serve.answers import (
     unless_client_leaves,
 )
 from omni_trio.serve.audio import wav_header
+from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
 from omni_trio.serve.schemas import (
     ChatRequest,
@@ -43,6 +44,7 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
+from omni_trio.serve.transcriptions import Transcriptions
 from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
@@ -68,13 +70,15 @@ def _b64(data: bytes) -> str:
 class OpenAIApp:
     """The routes of one server, bound to one pipeline and its adapter."""
 
-    def __init__(self, pipeline: Pipeline, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics) -> None:
+    def __init__(self, pipeline: Pipeline, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics,
+                 limits: SocketLimits) -> None:
         self._pipeline = pipeline
         self._config = config
         self._adapter = adapter
         self._metrics = metrics
         self._created = int(time.time())
         self._scrape = trio.Lock()
+        transcriptions = Transcriptions(pipeline, config, adapter, metrics)
         self.asgi = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -82,6 +86,7 @@ class OpenAIApp:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/v1/audio/speech", self.speech, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/audio/transcriptions", transcriptions.create, methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
