@@ -46,6 +46,11 @@ def route_after_asr(request_id: str, payload: ot.StagePayload) -> str:
     return "transcriber" if payload.request.params.get("task") == "transcribe" else "responder"
 
 
+def expected_terminals(request: ot.OmniRequest) -> list[str]:
+    """``terminal_stages_fn``: where a request ends (the route :func:`route_after_asr` takes)."""
+    return ["transcriber"] if request.params.get("task") == "transcribe" else ["tts"]
+
+
 def respond(payload: ot.StagePayload) -> ot.StagePayload:
     """The text to speak: the request's own words (``task = "speak"``) or the responder's answer to them."""
     transcript = payload.data["transcript"]
@@ -81,6 +86,7 @@ def make_serve_voice_config(placement: str = "embedded", *, model: str = "omni-v
         name="omni_voice",
         entry_stage="asr",
         max_in_flight=64,
+        terminal_stages_fn=f"{M}.serve_voice.expected_terminals",
         stages=[
             stage("asr", "asr.create_asr", next=["responder", "transcriber"],
                   route_fn=f"{M}.serve_voice.route_after_asr"),

@@ -18,7 +18,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from omni_trio.config import ServeConfig
 from omni_trio.coordinator.pipeline import Pipeline
@@ -44,6 +45,7 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
+from omni_trio.serve.speech_socket import SpeechSocket
 from omni_trio.serve.transcriptions import Transcriptions
 from omni_trio.tracing.trace import get_logger
 
@@ -78,6 +80,7 @@ class OpenAIApp:
         self._metrics = metrics
         self._created = int(time.time())
         self._scrape = trio.Lock()
+        self._limits = limits
         transcriptions = Transcriptions(pipeline, config, adapter, metrics)
         self.asgi = Starlette(
             routes=[
@@ -87,6 +90,7 @@ class OpenAIApp:
                 Route("/v1/audio/speech", self.speech, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/audio/transcriptions", transcriptions.create, methods=["POST"]),
+                WebSocketRoute("/v1/audio/speech/stream", self.speech_stream),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
@@ -129,6 +133,10 @@ class OpenAIApp:
         return Response(self._metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ------------------------------------------------------------------ model endpoints
+
+    async def speech_stream(self, websocket: WebSocket) -> None:
+        """``WS /v1/audio/speech/stream`` (:mod:`omni_trio.serve.speech_socket`)."""
+        await SpeechSocket(websocket, self._pipeline, self._config, self._adapter, self._limits).run()
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._config.max_body_bytes
