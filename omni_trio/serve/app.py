@@ -37,6 +37,7 @@ from omni_trio.serve.answers import (
 from omni_trio.serve.audio import wav_header
 from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
+from omni_trio.serve.realtime.endpoint import Realtime
 from omni_trio.serve.schemas import (
     ChatRequest,
     HTTPError,
@@ -82,6 +83,7 @@ class OpenAIApp:
         self._scrape = trio.Lock()
         self._limits = limits
         transcriptions = Transcriptions(pipeline, config, adapter, metrics)
+        realtime = Realtime(pipeline, config, adapter, limits, metrics)
         self.asgi = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -91,6 +93,7 @@ class OpenAIApp:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/audio/transcriptions", transcriptions.create, methods=["POST"]),
                 WebSocketRoute("/v1/audio/speech/stream", self.speech_stream),
+                WebSocketRoute("/v1/realtime", realtime.connect),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
