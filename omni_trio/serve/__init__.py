@@ -24,6 +24,7 @@ import trio
 from omni_trio.serve.adapter import Completion, Delta, PipelineInput, ServeAdapter
 from omni_trio.serve.address import ServerAddress
 from omni_trio.serve.audio import decode_wav, pcm16, resample, wav_header
+from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.schemas import ChatAudio, ChatMessage, ChatRequest, SpeechRequest
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ async def serve_http(
     port: int = 8000,
     *,
     shutdown: trio.Event | None = None,
+    limits: SocketLimits | None = None,
     task_status: trio.TaskStatus[ServerAddress] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP until cancelled or until ``shutdown`` is set.
@@ -48,11 +50,12 @@ async def serve_http(
     ``address`` is the bound :class:`ServerAddress` (``port=0`` picks a free port). Once
     ``shutdown`` is set the server stops accepting connections and gives
     requests in flight ``grace_period_s`` to finish; those still running
-    then are aborted. Cancelling it aborts them at once.
+    then are aborted. Cancelling it aborts them at once. ``limits`` bounds the
+    WebSocket endpoints (:class:`SocketLimits`; its defaults when None).
     """
     from omni_trio.serve.server import run_server
 
-    await run_server(pipeline, config, host, port, shutdown, task_status)
+    await run_server(pipeline, config, host, port, shutdown, task_status, limits or SocketLimits())
 
 
 __all__ = [
@@ -64,6 +67,7 @@ __all__ = [
     "PipelineInput",
     "ServeAdapter",
     "ServerAddress",
+    "SocketLimits",
     "SpeechRequest",
     "decode_wav",
     "pcm16",

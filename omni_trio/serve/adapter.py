@@ -3,6 +3,15 @@
 A pipeline's ``serve.adapter`` names a :class:`ServeAdapter` subclass. The
 server builds it once with ``serve.adapter_options`` and calls it on the
 event loop for every request, so its methods must be quick and must not block.
+
+Speech in (``/v1/audio/transcriptions``, ``/v1/realtime``) goes through a
+*transcription session*: a pipeline session (docs/sessions.md) at the
+adapter's :attr:`ServeAdapter.transcription_stages`, fed the client's audio
+with :meth:`~ServeAdapter.transcription_chunk` and ended, utterance by
+utterance, with :meth:`~ServeAdapter.transcription_end`; its stream chunks are
+read with :meth:`~ServeAdapter.transcript`. A realtime turn's answer is an
+ordinary pipeline request made by :meth:`~ServeAdapter.response_input` from the
+turn's transcript; its chunks become audio and text with :meth:`~ServeAdapter.delta`.
 """
 
 from __future__ import annotations
@@ -40,6 +49,25 @@ class Completion:
     output_tokens: int = 0
 
 
+@attrs.frozen
+class Transcript:
+    """What a transcription session's chunk says: the utterance's whole transcript so far, and whether it is
+    the final one (the answer to :meth:`ServeAdapter.transcription_end`)."""
+
+    text: str
+    final: bool = False
+
+
+@attrs.frozen
+class ResponseSettings:
+    """How a realtime session wants its answers: ``voice`` (None: the adapter's default), the session's
+    ``instructions``, and whether it wants audio (``False``: text only)."""
+
+    voice: str | None = None
+    instructions: str = ""
+    audio: bool = True
+
+
 class ServeAdapter:
     """Base class of adapters; subclasses override what their pipeline needs.
 
@@ -47,6 +75,9 @@ class ServeAdapter:
     """
 
     sample_rate: int = 24_000
+    #: The owner stages of a transcription session; empty: the pipeline does not take speech in
+    #: (``/v1/audio/transcriptions`` and ``/v1/realtime`` then answer that the model does not transcribe).
+    transcription_stages: tuple[str, ...] = ()
 
     def speech_input(self, request: SpeechRequest) -> PipelineInput:
         """``POST /v1/audio/speech``: the text to speak becomes the pipeline's input."""
@@ -66,3 +97,19 @@ class ServeAdapter:
     def completion(self, result: Any) -> Completion:
         """The pipeline's result as the end of the answer."""
         return Completion(result if isinstance(result, str) else "")
+
+    def transcription_chunk(self, pcm: bytes, sample_rate: int) -> Any:
+        """The chunk appended to a transcription session for ``pcm`` (PCM16 little-endian mono at ``sample_rate``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not transcribe (no transcription_stages)")
+
+    def transcription_end(self, sample_rate: int) -> Any:
+        """The chunk that ends an utterance: its append must emit the final :class:`Transcript`."""
+        raise NotImplementedError(f"{type(self).__name__} does not transcribe (no transcription_stages)")
+
+    def transcript(self, event: StreamMessage) -> Transcript | None:
+        """A transcription session's stream chunk as a :class:`Transcript` (None: not one)."""
+        return None
+
+    def response_input(self, transcript: str, settings: ResponseSettings) -> PipelineInput:
+        """A realtime turn's answer: by default the user's transcript is the pipeline's input."""
+        return PipelineInput(transcript)

@@ -18,7 +18,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from omni_trio.config import ServeConfig
 from omni_trio.coordinator.pipeline import Pipeline
@@ -34,7 +35,9 @@ from omni_trio.serve.answers import (
     unless_client_leaves,
 )
 from omni_trio.serve.audio import wav_header
+from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
+from omni_trio.serve.realtime.endpoint import Realtime
 from omni_trio.serve.schemas import (
     ChatRequest,
     HTTPError,
@@ -43,6 +46,8 @@ from omni_trio.serve.schemas import (
     parse_json,
     speech_request,
 )
+from omni_trio.serve.speech_socket import SpeechSocket
+from omni_trio.serve.transcriptions import Transcriptions
 from omni_trio.tracing.trace import get_logger
 
 log = get_logger(__name__)
@@ -68,13 +73,17 @@ def _b64(data: bytes) -> str:
 class OpenAIApp:
     """The routes of one server, bound to one pipeline and its adapter."""
 
-    def __init__(self, pipeline: Pipeline, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics) -> None:
+    def __init__(self, pipeline: Pipeline, config: ServeConfig, adapter: ServeAdapter, metrics: Metrics,
+                 limits: SocketLimits) -> None:
         self._pipeline = pipeline
         self._config = config
         self._adapter = adapter
         self._metrics = metrics
         self._created = int(time.time())
         self._scrape = trio.Lock()
+        self._limits = limits
+        transcriptions = Transcriptions(pipeline, config, adapter, metrics)
+        realtime = Realtime(pipeline, config, adapter, limits, metrics)
         self.asgi = Starlette(
             routes=[
                 Route("/v1/models", self.models, methods=["GET"]),
@@ -82,6 +91,9 @@ class OpenAIApp:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/v1/audio/speech", self.speech, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/audio/transcriptions", transcriptions.create, methods=["POST"]),
+                WebSocketRoute("/v1/audio/speech/stream", self.speech_stream),
+                WebSocketRoute("/v1/realtime", realtime.connect),
             ],
             exception_handlers={HTTPException: self._http_exception},
         )
@@ -124,6 +136,10 @@ class OpenAIApp:
         return Response(self._metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ------------------------------------------------------------------ model endpoints
+
+    async def speech_stream(self, websocket: WebSocket) -> None:
+        """``WS /v1/audio/speech/stream`` (:mod:`omni_trio.serve.speech_socket`)."""
+        await SpeechSocket(websocket, self._pipeline, self._config, self._adapter, self._limits).run()
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._config.max_body_bytes

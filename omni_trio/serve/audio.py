@@ -56,3 +56,21 @@ def resample(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tenso
     return torch.nn.functional.interpolate(
         samples[None, None, :], size=length, mode="linear", align_corners=False
     )[0, 0].contiguous()
+
+
+def wav_pcm16(data: bytes) -> tuple[bytes, int]:
+    """A PCM16 WAV file as mono PCM16 little-endian bytes (channels averaged) and its sample rate.
+
+    Raises ``ValueError`` (or ``wave.Error``, a subclass of ``Exception``) naming what is wrong with the file.
+    """
+    import numpy as np
+
+    with wave.open(io.BytesIO(data), "rb") as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"expected 16-bit PCM WAV, got {8 * wav.getsampwidth()}-bit samples")
+        channels, rate = wav.getnchannels(), wav.getframerate()
+        frames = wav.readframes(wav.getnframes())
+    if channels == 1:
+        return frames, rate
+    samples = np.frombuffer(frames, dtype="<i2").reshape(-1, channels).mean(axis=1)
+    return samples.round().astype("<i2").tobytes(), rate

@@ -41,6 +41,23 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
 
+        self.realtime_sessions = Gauge(
+            "omni_trio_realtime_sessions_active", "realtime connections open now", registry=self.registry
+        )
+        self.realtime_turns = Counter(
+            "omni_trio_realtime_turns", "realtime user turns committed (by the client or the server's VAD)",
+            registry=self.registry,
+        )
+        self.realtime_barge_ins = Counter(
+            "omni_trio_realtime_barge_ins", "realtime answers cut short because the user started speaking",
+            registry=self.registry,
+        )
+        self.realtime_response_latency = Histogram(
+            "omni_trio_realtime_speech_end_to_first_audio_seconds",
+            "from the end of the user's speech (or the commit) to the answer's first audio",
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+
         #: The runtime's totals (``observe`` a ``pipeline.stats()`` snapshot before rendering).
         self.runtime = RuntimeTotals()
         self.registry.register(self.runtime)

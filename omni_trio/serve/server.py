@@ -16,6 +16,7 @@ from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.serve.adapter import ServeAdapter
 from omni_trio.serve.address import ServerAddress
 from omni_trio.serve.app import OpenAIApp
+from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
 
 
@@ -43,14 +44,16 @@ async def run_server(
     port: int,
     shutdown: trio.Event | None,
     task_status: trio.TaskStatus[ServerAddress],
+    limits: SocketLimits,
 ) -> None:
     """What :func:`omni_trio.serve_http` does (imported only when a server starts)."""
     serve_config = serve_config_of(config)
-    app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics())
+    app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics(), limits)
     hypercorn = HypercornConfig()
     hypercorn.bind = [ServerAddress(host, port).url.removeprefix("http://")]
     hypercorn.graceful_timeout = float(serve_config.grace_period_s)
     hypercorn.accesslog = None
+    hypercorn.websocket_max_message_size = limits.max_message_bytes
     # hypercorn's startup banner would go to stderr; the CLI prints its own line.
     hypercorn.loglevel = "WARNING"
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)

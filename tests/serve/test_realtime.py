@@ -1,0 +1,155 @@
+"""``WS /v1/realtime`` of the served voice pipeline, with the official openai client (AsyncOpenAI).
+
+The user's speech is espeak-ng's (resampled to 24 kHz); the server's ASR
+hears it, the responder repeats the words, and the TTS speaks them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import trio
+
+from tests.serve.voice_server import MODEL, VoiceServer, speech_pcm16, voice_server, words
+
+SAID = "one two three four five"
+CHUNK = 24_000 * 2 // 10  # 100 ms of PCM16 at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[VoiceServer]:
+    with voice_server() as running:
+        yield running
+
+
+def _client(server: VoiceServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(api_key="unused", websocket_base_url=server.ws_url, max_retries=0)
+
+
+async def _until(connection: Any, kind: str, seen: list[Any]) -> Any:
+    async for event in connection:
+        seen.append(event)
+        if event.type == kind:
+            return event
+    raise AssertionError(f"the connection closed before {kind}")
+
+
+async def _send_audio(connection: Any, pcm: bytes) -> None:
+    for start in range(0, len(pcm), CHUNK):
+        await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + CHUNK]).decode())
+
+
+def test_a_manual_turn_is_transcribed_and_answered_in_speech(server: VoiceServer) -> None:
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            created = await _until(connection, "session.created", seen)
+            assert created.session.model == MODEL
+            await connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+            await _until(connection, "session.updated", seen)
+            await _send_audio(connection, speech_pcm16(SAID))
+            await connection.input_audio_buffer.commit()
+            await connection.response.create()
+            await _until(connection, "response.done", seen)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    kinds = [event.type for event in seen]
+    assert "input_audio_buffer.committed" in kinds and "response.created" in kinds
+    completed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
+    assert len(words(completed.transcript) & words(SAID)) >= 2, completed.transcript
+    audio = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
+    assert len(audio) > 24_000 * 2, "over a second of spoken answer"
+    transcript = next(e for e in seen if e.type == "response.output_audio_transcript.done").transcript
+    assert completed.transcript in transcript
+    assert seen[-1].response.status == "completed"
+
+
+def _silence(seconds: float) -> bytes:
+    return b"\0\0" * int(24_000 * seconds)
+
+
+def test_server_vad_commits_the_turn_and_answers(server: VoiceServer) -> None:
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await _until(connection, "session.created", seen)
+            await _send_audio(connection, _silence(0.5) + speech_pcm16(SAID) + _silence(1.0))
+            await _until(connection, "response.done", seen)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    kinds = [event.type for event in seen]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped")
+    assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed")
+    completed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
+    assert len(words(completed.transcript) & words(SAID)) >= 2, completed.transcript
+    assert seen[-1].response.status == "completed"
+
+
+def test_speech_during_an_answer_cancels_it(server: VoiceServer) -> None:
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await _until(connection, "session.created", seen)
+            await _send_audio(connection, speech_pcm16(SAID) + _silence(1.0))
+            await _until(connection, "response.output_audio.delta", seen)
+            await _send_audio(connection, speech_pcm16("stop"))
+            done = await _until(connection, "response.done", seen)
+            assert done.response.status == "cancelled"
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    kinds = [event.type for event in seen]
+    assert kinds.count("input_audio_buffer.speech_started") == 2
+
+
+def test_bad_events_get_errors_and_the_session_goes_on(server: VoiceServer) -> None:
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await _until(connection, "session.created", seen)
+            await connection.send({"type": "input_audio_buffer.append", "audio": "not base64!", "event_id": "e1"})
+            seen.append(await _until(connection, "error", []))
+            await connection.send({"type": "input_audio_buffer.commit", "event_id": "e2"})
+            seen.append(await _until(connection, "error", []))
+            await connection.send({"type": "response.cancel", "event_id": "e3"})
+            seen.append(await _until(connection, "error", []))
+            await connection.session.update(session={"type": "realtime", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 16000}}}}, event_id="e4")
+            seen.append(await _until(connection, "error", []))
+            await connection.send({"type": "no.such.event", "event_id": "e5"})
+            seen.append(await _until(connection, "error", []))
+            await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+            seen.append(await _until(connection, "session.updated", []))
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [(e.error.event_id, e.error.code) for e in seen[1:6]] == [
+        ("e1", "invalid_base64"), ("e2", "input_audio_buffer_commit_empty"), ("e3", "response_cancel_not_active"),
+        ("e4", "unsupported_audio_format"), ("e5", "invalid_event_type")]
+    assert seen[-1].session.output_modalities == ["text"]
+
+
+def test_disconnect_closes_the_session_and_aborts_the_answer(server: VoiceServer) -> None:
+    async def main() -> None:
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await _until(connection, "session.created", [])
+            await _send_audio(connection, speech_pcm16(SAID) + _silence(1.0))
+            await _until(connection, "response.output_audio.delta", [])
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+    async def settled() -> int:
+        # The server notices the close asynchronously; its cleanup is bounded, not awaited by the client.
+        with trio.fail_after(30):
+            while (stats := await server.pipeline.stats()).live_requests:
+                await trio.sleep(0.1)
+        return int(stats.live_requests)
+
+    assert server.call(settled) == 0
