@@ -53,7 +53,12 @@ class Dispatcher:
 
     async def receive_loop(self, sock: MessageSource, source: str, admit: Callable[[], bool] | None = None) -> None:
         """Handle what arrives on ``sock`` until it closes; with ``admit``, only while ``admit()`` says so
-        (it is asked for each message, and counts what it refuses)."""
+        (it is asked for each message, and counts what it refuses).
+
+        Of the messages taken together, the Aborts are handled first (the rest in arrival order): an
+        abort storm arrives behind the work it cancels, and a request dropped before its Submit or
+        DataReady is handled never reaches a scheduler (the stages refuse work for a dropped id).
+        """
         while True:
             try:
                 batch = [await sock.recv_multipart()]
@@ -63,17 +68,20 @@ class Dispatcher:
                     batch.append(frames)
             except trio.ClosedResourceError:
                 return
-            for frames in batch:
+            messages = [message for frames in batch if (message := self._decode(frames, source)) is not None]
+            for message in sorted(messages, key=_not_an_abort):
+                # Asked at handling time: a handler may end what ``admit`` admits.
                 if admit is None or admit():
-                    await self.handle_frames(frames, source)
+                    await self._handle(message, source)
 
-    async def handle_frames(self, frames: list[bytes], source: str) -> None:
-        """Decode one message and run its handler; log and drop it if either fails."""
+    def _decode(self, frames: list[bytes], source: str) -> m.ControlMessage | None:
         try:
-            message = decode(frames)
+            return decode(frames)
         except MalformedMessage as exc:
             log.warning("malformed_message_dropped", socket=source, process=self._process, reason=exc.reason)
-            return
+            return None
+
+    async def _handle(self, message: m.ControlMessage, source: str) -> None:
         handler = self._handlers.get(type(message))
         try:
             if handler is None:
@@ -87,3 +95,8 @@ class Dispatcher:
                 message=type(message).__name__,
                 error=describe_error(exc),
             )
+
+
+def _not_an_abort(message: m.ControlMessage) -> bool:
+    """Sort key: Aborts (False) before everything else (True); ``sorted`` keeps arrival order within each."""
+    return type(message) is not m.Abort

@@ -198,14 +198,22 @@ class Outbox(queue.Queue[OutgoingMessage]):
             self.not_full.notify_all()
             return taken
 
-    def discard_streams(self, request_id: str) -> int:
-        """The stage retired ``request_id``: drop its queued ``stream`` messages (the drain would drop
-        them). With a stream bound, a put of one for it, waiting or later, returns at once and drops it
-        too. Returns how many were queued."""
+    def discard_streams(self, *request_ids: str) -> int:
+        """The stage retired ``request_ids``: drop their queued ``stream`` messages (the drain would drop
+        them). With a stream bound, a put of one for them, waiting or later, returns at once and drops it
+        too. Returns how many were queued.
+
+        One sweep of the queue for all of them, and none when it holds no stream message: an abort
+        storm retires thousands of requests while results queue up (a sweep per request was quadratic).
+        """
         with self.mutex:
-            self._retired.add(request_id)
-            self._end_handover(request_id)
-            kept = [item for item in self.queue if not (_is_stream(item) and item.request_id == request_id)]
+            for request_id in request_ids:
+                self._retired.add(request_id)
+                self._end_handover(request_id)
+            if not self._streams:
+                return 0
+            dropped = set(request_ids)
+            kept = [item for item in self.queue if not (_is_stream(item) and item.request_id in dropped)]
             removed = len(self.queue) - len(kept)
             if removed:
                 self.queue.clear()

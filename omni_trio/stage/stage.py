@@ -458,10 +458,10 @@ class Stage:
             # Before the scheduler's abort hook: a scheduler may queue its own abort note.
             # The scheduler skips aborted ids anyway; purged, it never even sees them.
             purge_inbox(self.scheduler.inbox, fresh)
-        for request_id in fresh:
             if isinstance(self.scheduler.outbox, Outbox):
-                # Unsent chunks go now, and a producer blocked putting one for this request is let go.
-                self.scheduler.outbox.discard_streams(request_id)
+                # Unsent chunks go now, and a producer blocked putting one for them is let go.
+                self.scheduler.outbox.discard_streams(*fresh)
+        for request_id in fresh:
             try:
                 self.scheduler.abort(request_id)
             except Exception as exc:  # noqa: BLE001 - a faulty abort hook must not stop abort handling

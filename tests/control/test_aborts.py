@@ -7,14 +7,17 @@ a test names. The real sockets are exercised by tests/reliability/test_abort_del
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import trio
 import trio.testing
 
+from omni_trio.comm.dataref import DataRefKind
+from omni_trio.comm.router import COORDINATOR
 from omni_trio.control import aborts
 from omni_trio.control.aborts import AbortDelivery
 from omni_trio.control.wire import messages as m
+from omni_trio.payload import OmniRequest, StagePayload
 from tests.control.memory_plane import Plane, Recorder, open_plane
 
 PLACEMENT = {"s1": "p1", "s2": "p2"}
@@ -151,3 +154,54 @@ def test_an_abort_to_no_process_is_done_at_once() -> None:
         assert plane.network.sent(m.Abort) == []
 
     run(test)
+
+
+class _OrderRecorder(Recorder):
+    """A Recorder that also notes how many deliveries it had seen when each abort came."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.seen_at_abort: list[int] = []
+
+    def abort_requests(self, request_ids: Collection[str]) -> None:
+        self.seen_at_abort.append(len(self.delivered))
+        super().abort_requests(request_ids)
+
+
+def test_an_abort_queued_behind_the_submits_it_cancels_is_handled_before_them() -> None:
+    async def main() -> None:
+        with trio.fail_after(600):
+            async with open_plane({"s1": "p1"}) as plane:
+                caller = await plane.start("main")
+                s1 = _OrderRecorder("s1")
+                worker = await plane.start("p1", s1=s1)
+                busy, free = trio.Event(), trio.Event()
+
+                async def on_stats(message: m.StatsRequest) -> None:  # p1's receive loop is busy in here
+                    busy.set()
+                    await free.wait()
+
+                worker.on(m.StatsRequest, on_stats)
+                await caller.send("p1", m.StatsRequest(reply_to="main", token=1))
+                await busy.wait()
+                for i in range(5):
+                    rid = f"r{i}"
+                    await caller.send_object(
+                        StagePayload(rid, OmniRequest(rid), {}),
+                        request_id=rid,
+                        sender=COORDINATOR,
+                        receiver="s1",
+                        kind=DataRefKind.stage_payload,
+                        direction="submit",
+                        make=lambda ref, rid=rid: m.Submit(request_id=rid, to_stage="s1", data_ref=ref),
+                    )
+                delivery = AbortDelivery(caller)
+                delivery.deliver("r3", ["p1"])
+                await trio.testing.wait_all_tasks_blocked()  # the Submits and the Abort wait in p1's inbox
+                free.set()
+                await trio.testing.wait_all_tasks_blocked()
+                assert [d.request_id for d in s1.delivered] == ["r0", "r1", "r2", "r3", "r4"]
+                # Taken from the inbox together, the Abort went first: a stage drops r3 before its Submit.
+                assert s1.seen_at_abort == [0]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

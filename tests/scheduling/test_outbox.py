@@ -169,6 +169,21 @@ def test_discarding_a_retired_request_frees_its_room_and_drops_its_later_chunks(
     assert outbox.queued_streams == 0 and outbox.unfinished_tasks == 2
 
 
+def test_retiring_many_requests_drops_their_chunks_in_one_call_and_later_puts_too() -> None:
+    outbox = Outbox(max_queued_streams=8)
+    for rid in ("a", "b", "c"):
+        outbox.put(chunk(rid, 0))
+        outbox.put(out(rid))
+    assert outbox.discard_streams("a", "c") == 2
+    outbox.put(chunk("c", 1), block=False)  # retired: dropped
+    taken = [(m.request_id, m.type) for m in outbox.take_or_arm(64, lambda: None)]
+    assert taken == [("a", "result"), ("b", "stream"), ("b", "result"), ("c", "result")]
+    # Without a stream queued there is nothing to sweep, but the ids are still retired.
+    assert outbox.discard_streams("b") == 0
+    outbox.put(chunk("b", 1), block=False)
+    assert outbox.queued_streams == 0 and outbox.take_or_arm(64, lambda: None) == []
+
+
 def test_the_bound_is_validated() -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="max_queued_streams"):
