@@ -24,6 +24,7 @@ from omni_trio.config import (
     PipelineConfig,
     ServeConfig,
     StageConfig,
+    StreamAdmissionConfig,
     StreamDeliveryConfig,
     load_config,
 )
@@ -124,6 +125,7 @@ __all__ = [
     "StageStartupError",
     "StageStats",
     "StatsTimeout",
+    "StreamAdmissionConfig",
     "StreamDeliveryConfig",
     "StreamItem",
     "StreamMessage",
