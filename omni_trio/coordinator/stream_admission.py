@@ -14,8 +14,8 @@ one may start (``config.stream_admission``, :class:`~omni_trio.StreamAdmissionCo
   (:meth:`~omni_trio.RequestStream.declare_playback`; the HTTP server declares each audio chunk's
   samples / rate, when it sends it); a stream whose reader declares nothing is timed by its own
   cadence: its first ``cadence_arrivals`` arrivals (chunks delivered together count once) set its
-  seconds per chunk, and a later arrival is due within that pace times ``1 + cadence_tolerance``
-  per chunk of the previous arrival. Text chunks are not timed (nobody plays them). A stream with
+  seconds per chunk, and each later chunk adds that pace times ``1 + cadence_tolerance`` to its
+  playback clock. Text chunks are not timed (nobody plays them). A stream with
   no known deadline yet never causes a refusal, so a pipeline below saturation never sees one.
 - ``off``: never refuses.
 
@@ -40,15 +40,12 @@ class _Playback:
         self.end: float | None = None
         self.stalled_at: float | None = None
 
-    def add(self, now: float, seconds: float, *, carry: bool) -> None:
-        """``seconds`` of playback arrived at ``now``; ``carry=False`` drops what was still buffered
-        (a cadence's due time is per arrival, not cumulated)."""
+    def add(self, now: float, seconds: float) -> None:
+        """``seconds`` of playback arrived at ``now``."""
         if self.end is None:
             self.end = now
         elif now > self.end:
             self.stalled_at = now
-            self.end = now
-        elif not carry:
             self.end = now
         self.end += seconds
 
@@ -121,7 +118,7 @@ class StreamAdmission:
         if not stream.declared:
             stream.declared = True
             stream.playback = _Playback()  # what its cadence said is superseded
-        stream.playback.add(now, seconds, carry=True)
+        stream.playback.add(now, seconds)
 
     def arrived(self, request_id: str, now: float, modality: str | None) -> None:
         """A chunk of the stream reached the coordinator at ``now`` (chunks of one message share their time)."""
@@ -132,7 +129,7 @@ class StreamAdmission:
         if cadence.last_at == now:
             cadence.last_chunks += 1
             if cadence.per_chunk is not None:
-                self._due_within(stream, now, cadence.per_chunk)
+                self._timed(stream, now, cadence.per_chunk)
             return
         if cadence.last_at is not None:
             cadence.intervals.append((now - cadence.last_at) / cadence.last_chunks)
@@ -141,9 +138,9 @@ class StreamAdmission:
             # The median: a stream's first chunks often come in a burst, or after a slow first step.
             cadence.per_chunk = statistics.median(cadence.intervals)
         if cadence.per_chunk is not None:
-            self._due_within(stream, now, cadence.per_chunk)
+            self._timed(stream, now, cadence.per_chunk)
 
-    def _due_within(self, stream: _Stream, now: float, per_chunk: float) -> None:
-        # The next arrival is due within the pace, with tolerance, of the chunks delivered at ``now``.
-        allowed = per_chunk * (1 + self._config.cadence_tolerance) * stream.cadence.last_chunks
-        stream.playback.add(now, allowed, carry=False)
+    def _timed(self, stream: _Stream, now: float, per_chunk: float) -> None:
+        # A chunk "plays" for the pace with tolerance: arrivals at the pace build a little headroom, so a
+        # short hiccup (a GC pause, a busy core) is absorbed, and only a lasting slowdown runs it dry.
+        stream.playback.add(now, per_chunk * (1 + self._config.cadence_tolerance))
