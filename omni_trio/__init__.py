@@ -24,6 +24,7 @@ from omni_trio.config import (
     PipelineConfig,
     ServeConfig,
     StageConfig,
+    StreamAdmissionConfig,
     StreamDeliveryConfig,
     load_config,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "StageStats",
     "StatsTimeout",
     "StepOutput",
+    "StreamAdmissionConfig",
     "StreamDeliveryConfig",
     "StreamItem",
     "StreamMessage",

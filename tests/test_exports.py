@@ -27,9 +27,10 @@ EXPECTED = {
     "RequestQueueFull", "RequestStream", "RequestTimeout", "RoutedPayloads", "ServeAdapter", "ServeConfig",
     "ServerAddress", "Session", "SessionClosed", "SessionContext", "SessionScheduler", "SimpleScheduler",
     "StageConfig", "StagePayload", "StageProcessDied", "StageScheduler", "StageStartupError", "StageStats",
-    "StatsTimeout", "StepOutput", "StreamDeliveryConfig", "StreamItem", "StreamMessage",
+    "StatsTimeout", "StepOutput", "StreamAdmissionConfig", "StreamDeliveryConfig", "StreamItem", "StreamMessage",
     "StreamingSimpleScheduler", "Terminated", "ThreadedSimpleScheduler", "TimedChunk", "empty", "empty_like",
-    "load_config", "open_pipeline", "read_trace", "serve_http",
+    "load_config",
+    "open_pipeline", "read_trace", "serve_http",
 }
 #: Old public spellings that still resolve, each with a DeprecationWarning, and what they resolve to.
 DEPRECATED = {"Coordinator": ot.Pipeline}

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 
 from omni_trio.config.hooks import did_you_mean, hook_path_problems
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, restart_problems
-from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
+from omni_trio.config.settings import (
+    MIN_MESSAGE_BYTES,
+    STREAM_ADMISSION_MODES,
+    EndpointsConfig,
+    ServeConfig,
+    StreamAdmissionConfig,
+    StreamDeliveryConfig,
+)
 from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, StageConfig
 from omni_trio.errors import ConfigProblem
 
@@ -264,6 +271,30 @@ def stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[Conf
         return []
     problem = f"expected a whole number of bytes >= 1, got {backlog!r}"
     return [ConfigProblem("stream_delivery.max_total_backlog_bytes", problem)]
+
+
+def stream_admission_problems(admission: StreamAdmissionConfig) -> list[ConfigProblem]:
+    """The problems of ``stream_admission`` (when new streams are refused), with their paths."""
+    at = "stream_admission"
+    if not isinstance(admission, StreamAdmissionConfig):
+        return [ConfigProblem(at, f"expected a StreamAdmissionConfig, got {type(admission).__name__}")]
+    problems = []
+    if admission.mode not in STREAM_ADMISSION_MODES:
+        modes = ", ".join(repr(mode) for mode in STREAM_ADMISSION_MODES)
+        problems.append(ConfigProblem(f"{at}.mode", f"expected one of {modes}, got {admission.mode!r}"))
+    cap = admission.max_streams
+    if admission.mode == "fixed" and not _is_whole(cap, 1):
+        problems.append(ConfigProblem(f"{at}.max_streams", f"mode 'fixed' needs a whole number >= 1, got {cap!r}"))
+    elif admission.mode != "fixed" and cap is not None:
+        problems.append(ConfigProblem(f"{at}.max_streams", f"only mode 'fixed' uses it (mode is {admission.mode!r})"))
+    for field in ("min_slack_s", "recover_s", "cadence_tolerance"):
+        value = getattr(admission, field)
+        if not _is_seconds(value):
+            problems.append(ConfigProblem(f"{at}.{field}", f"expected a number >= 0, got {value!r}"))
+    if not _is_whole(admission.cadence_arrivals, 1):
+        problems.append(ConfigProblem(f"{at}.cadence_arrivals",
+                                      f"expected a whole number >= 1, got {admission.cadence_arrivals!r}"))
+    return problems
 
 
 def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:

@@ -12,7 +12,7 @@ from omni_trio.config import checks
 from omni_trio.config.hooks import factory_kwarg_problems, hook_path_problems, import_problem
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, processes_problems
 from omni_trio.config.save import save_config
-from omni_trio.config.settings import EndpointsConfig, ServeConfig, StreamDeliveryConfig
+from omni_trio.config.settings import EndpointsConfig, ServeConfig, StreamAdmissionConfig, StreamDeliveryConfig
 from omni_trio.config.stages import MAIN_PROCESS, StageConfig, name_list, optional_dotted
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.tracing.trace import get_logger
@@ -38,6 +38,8 @@ class PipelineConfig:
     terminal_stages_fn: str | None = attrs.field(default=None, converter=optional_dotted)
     endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
     stream_delivery: StreamDeliveryConfig = attrs.field(factory=StreamDeliveryConfig)
+    #: When a new streaming request is refused to keep the admitted streams real-time (adaptive by default).
+    stream_admission: StreamAdmissionConfig = attrs.field(factory=StreamAdmissionConfig)
     max_in_flight: int | None = None
     replica_policy: str | None = attrs.field(default=None, converter=optional_dotted)
     serve: ServeConfig | None = None
@@ -115,6 +117,7 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += hook_path_problems("replica_policy", config.replica_policy)
     problems += checks.admission_problems(config.max_in_flight)
     problems += checks.stream_delivery_problems(config.stream_delivery)
+    problems += checks.stream_admission_problems(config.stream_admission)
     problems += checks.endpoints_problems(config.endpoints)
     problems += checks.start_method_problems(config.start_method)
     problems += checks.serve_problems(config.serve)

@@ -1,5 +1,6 @@
 """The pipeline-wide settings: its IPC sockets (:class:`EndpointsConfig`), the stream output it buffers for
-slow readers (:class:`StreamDeliveryConfig`), and its HTTP front end (:class:`ServeConfig`)."""
+slow readers (:class:`StreamDeliveryConfig`), when it refuses new streams (:class:`StreamAdmissionConfig`),
+and its HTTP front end (:class:`ServeConfig`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,33 @@ class StreamDeliveryConfig:
     been idle longest fail with :class:`~omni_trio.RequestQueueFull` (:mod:`omni_trio.coordinator.stream_backlog`)."""
 
     max_total_backlog_bytes: int = 1 << 30
+
+
+#: The ways :class:`StreamAdmissionConfig` may decide.
+STREAM_ADMISSION_MODES = ("adaptive", "fixed", "off")
+
+
+@attrs.frozen
+class StreamAdmissionConfig:
+    """When a new streaming request is refused (:class:`~omni_trio.QueueFullError`, 429 over HTTP) so that
+    the streams already admitted keep playing in real time (:mod:`omni_trio.coordinator.stream_admission`).
+
+    ``mode="adaptive"`` (the default) refuses while an admitted stream is behind its playback deadline:
+    its buffered playback is under ``min_slack_s``, or it ran dry less than ``recover_s`` ago. A
+    stream's deadline comes from the playback seconds its reader declares (the HTTP server declares
+    each audio chunk's), else from its own cadence: its first ``cadence_arrivals`` arrivals set the
+    pace, and a chunk later than that pace times ``1 + cadence_tolerance`` is a stall. A stream whose
+    deadline is not known yet (no chunk yet, text) never causes a refusal. ``mode="fixed"`` refuses
+    once ``max_streams`` streams are live; ``mode="off"`` never refuses a stream for its own sake
+    (``max_in_flight`` still applies).
+    """
+
+    mode: str = "adaptive"
+    max_streams: int | None = None
+    min_slack_s: float = 0.0
+    recover_s: float = 1.0
+    cadence_arrivals: int = 4
+    cadence_tolerance: float = 0.5
 
 
 @attrs.frozen

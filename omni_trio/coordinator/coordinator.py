@@ -32,6 +32,7 @@ from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.coordinator.request_stream import RequestStream
 from omni_trio.coordinator.sessions import Session, session_targets
 from omni_trio.coordinator.stats import PipelineHealth, PipelineStats
+from omni_trio.coordinator.stream_admission import StreamAdmission
 from omni_trio.coordinator.stream_backlog import StreamBacklog, event_bytes
 from omni_trio.errors import (
     QUEUE_FULL_TEXT,
@@ -79,6 +80,8 @@ class Coordinator:
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
+        self._stream_admission = StreamAdmission(config.stream_admission)
+        self._refused_streams = 0
         self._backlog = StreamBacklog(config.stream_delivery.max_total_backlog_bytes)
         #: Binds each request to a replica of every replicated group (None: there is none).
         self._replicas = replicas or None
@@ -109,6 +112,8 @@ class Coordinator:
                 f"request {request_id!r} refused: {len(self._live)} requests are in flight "
                 f"(max_in_flight={self._max_in_flight}); retry when one finishes"
             )
+        if streaming:
+            self._admit_stream(request_id)
         if isinstance(inputs, OmniRequest):
             if params is not None or metadata is not None:
                 raise ValueError("pass params and metadata inside the OmniRequest, not beside it")
@@ -130,6 +135,7 @@ class Coordinator:
         if streaming:
             live.events, live.received = trio.open_memory_channel[Any](math.inf)
             self._backlog.started(live)
+            self._stream_admission.started(request_id)
         self._live[request_id] = live
         if deadline is not None:
             live.deadline_scope = trio.CancelScope(deadline=trio.current_time() + deadline)
@@ -137,6 +143,21 @@ class Coordinator:
         if self._tracer.enabled:
             self._tracer.event("request_submitted", request_id=request_id, stage=self._entry)
         return live
+
+    def _admit_stream(self, request_id: str) -> None:
+        """Refuse a new stream when the live ones cannot keep real time (``config.stream_admission``)."""
+        refusal = self._stream_admission.refusal(trio.current_time())
+        if refusal is None:
+            return
+        self._refused_streams += 1
+        if self._tracer.enabled:
+            self._tracer.event("stream_refused", request_id=request_id, stage="coordinator", reason=refusal)
+        raise QueueFullError(f"stream {request_id!r} refused: {refusal}")
+
+    def _declared(self, live: LiveRequest, seconds: float) -> None:
+        """The reader of ``live``'s stream sent ``seconds`` of playback (see ``RequestStream.declare_playback``)."""
+        if not live.done.is_set():
+            self._stream_admission.declared(live.request_id, trio.current_time(), seconds)
 
     def _expected_terminals(self, request: OmniRequest) -> frozenset[str]:
         if self._terminals_fn is None:
@@ -234,6 +255,7 @@ class Coordinator:
             settled=self._aborts.settled,
             taken=self._backlog.taken,
             dropped=self._backlog.dropped,
+            declared=self._declared,
         )
 
     async def abort(self, request_id: str) -> bool:
@@ -269,6 +291,7 @@ class Coordinator:
             stages=await self._placement.stats(timeout),
             live_requests=len(self._live),
             rejected_requests=self._rejected,
+            refused_streams=self._refused_streams,
             down_replicas=down_replicas,
             refused_frames=self._placement.refused_frames(),
             undeliverable=self._placement.undeliverable(),
@@ -312,6 +335,7 @@ class Coordinator:
         if live.deadline_scope is not None:
             live.deadline_scope.cancel()
         if live.streaming:
+            self._stream_admission.ended(live.request_id)
             self._queue(live, result.error if isinstance(result, outcome.Error) else END_OF_STREAM, 0)
 
     def _queue(self, live: LiveRequest, event: Any, nbytes: int) -> None:
@@ -385,6 +409,7 @@ class Coordinator:
         live = self._live.get(request_id)
         if live is not None and live.streaming:
             message = StreamMessage(request_id, from_stage, chunk, modality=modality, chunk_id=chunk_id)
+            self._stream_admission.arrived(request_id, trio.current_time(), modality)
             self._queue(live, message, event_bytes(chunk))
 
     def retire_unknown(self, request_ids: Collection[str]) -> list[str]:

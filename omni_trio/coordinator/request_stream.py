@@ -35,6 +35,8 @@ class RequestStream:
     failed request's abort broadcast. ``taken(live)`` is told of every event
     the reader takes and ``dropped(live)`` when what is still queued will not
     be read (:class:`~omni_trio.coordinator.stream_backlog.StreamBacklog`).
+    ``declared(live, seconds)`` is told of the playback the reader declares
+    (:meth:`declare_playback`).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class RequestStream:
         settled: Callable[[str], Awaitable[None]],
         taken: Callable[[LiveRequest], None],
         dropped: Callable[[LiveRequest], None],
+        declared: Callable[[LiveRequest, float], None],
     ) -> None:
         self.request_id = request_id
         self._admit = admit
@@ -55,6 +58,7 @@ class RequestStream:
         self._settled = settled
         self._taken = taken
         self._dropped = dropped
+        self._declared = declared
         self._live: LiveRequest | None = None
         self._finished = False
         self._token: trio.lowlevel.TrioToken | None = None
@@ -124,6 +128,15 @@ class RequestStream:
             self._taken_at_once = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
         return event
+
+    def declare_playback(self, seconds: float) -> None:
+        """Say that the chunk just taken plays for ``seconds`` (audio: samples / rate), as it is passed on.
+
+        Stream admission (``PipelineConfig.stream_admission``) then times this stream by its playback
+        deadline rather than by its cadence; the HTTP server declares every audio chunk it sends.
+        """
+        if self._live is not None:
+            self._declared(self._live, seconds)
 
     def __del__(self) -> None:
         # A bare ``async for`` left early (break, return, an exception in its body) never calls

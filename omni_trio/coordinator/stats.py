@@ -38,6 +38,9 @@ class PipelineStats:
     stages: dict[str, StageStats]
     live_requests: int
     rejected_requests: int = 0  # refused at admission by max_in_flight, since the pipeline opened
+    #: Streaming requests refused at admission by ``stream_admission`` (the live streams could not take
+    #: one more), since the pipeline opened; not counted in ``rejected_requests``.
+    refused_streams: int = 0
     #: Replica processes that take no work now (dead, or being restarted).
     down_replicas: tuple[str, ...] = ()
     #: Per process, the messages its sockets refused and dropped undecoded: they lacked this run's

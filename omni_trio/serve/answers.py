@@ -32,7 +32,7 @@ from omni_trio.errors import (
 )
 from omni_trio.events import CompleteMessage, StreamMessage
 from omni_trio.serve.adapter import Completion, Delta, PipelineInput, ServeAdapter
-from omni_trio.serve.metrics import Metrics
+from omni_trio.serve.metrics import Metrics, Playback
 from omni_trio.serve.schemas import HTTPError
 
 T = TypeVar("T")
@@ -93,20 +93,28 @@ async def unless_client_leaves(request: Request, fn: Callable[[], Awaitable[T]])
 
 
 class Tracker:
-    """Counts one model request in the metrics exactly once, whatever way it ends."""
+    """Counts one model request in the metrics exactly once, whatever way it ends, and measures its audio."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._started = time.perf_counter()
-        self._audio = False
+        self._playback = Playback()
+        self._last_audio = self._started
         self._done = False
         metrics.in_flight.inc()
 
-    def audio(self) -> None:
-        """Audio bytes are being sent (the first call is the time to first audio)."""
-        if not self._audio:
-            self._audio = True
-            self._metrics.first_audio.observe(time.perf_counter() - self._started)
+    def audio(self, seconds: float) -> None:
+        """Audio playing for ``seconds`` is being sent (the first call is the time to first audio)."""
+        now = time.perf_counter()
+        if self._playback.start is None:
+            self._metrics.first_audio.observe(now - self._started)
+            self._metrics.audio_ttfp.observe(now - self._started)
+            self._metrics.audio_streams.inc()
+        late = self._playback.sent(now, seconds)
+        if late > 0:
+            self._metrics.audio_gaps.inc()
+            self._metrics.audio_underrun.inc(late)
+        self._last_audio = now
 
     def finish(self, how: str) -> None:
         """The request ended with outcome ``how`` (later calls do nothing)."""
@@ -116,6 +124,10 @@ class Tracker:
         self._metrics.in_flight.dec()
         self._metrics.requests.labels(how).inc()
         self._metrics.duration.observe(time.perf_counter() - self._started)
+        if self._playback.start is not None:
+            self._metrics.audio_streams.dec()
+            if self._playback.sent_s > 0:
+                self._metrics.audio_rtf.observe((self._last_audio - self._started) / self._playback.sent_s)
 
 
 _ids = itertools.count()
@@ -132,6 +144,8 @@ class Answer:
 
     def __init__(self, stream: RequestStream, first: StreamMessage | CompleteMessage | None,
                  adapter: ServeAdapter) -> None:
+        #: The seconds one byte of the adapter's PCM16 mono audio plays for.
+        self.seconds_per_byte = 1 / (2 * adapter.sample_rate)
         self.request_id = stream.request_id
         self._stream = stream
         self._first = first
@@ -162,6 +176,8 @@ class Answer:
                     delta = self._adapter.delta(event)
                     if delta.text or delta.audio:
                         yield delta
+                    if delta.audio:  # passed on: stream admission times this stream by its audio
+                        self._stream.declare_playback(len(delta.audio) * self.seconds_per_byte)
                 else:
                     yield self._adapter.completion(event.result)
                 try:

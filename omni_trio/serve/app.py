@@ -203,7 +203,7 @@ class OpenAIApp:
                     completion = piece
                 elif piece.audio:
                     data, header = header + piece.audio, b""
-                    tracker.audio()
+                    tracker.audio(len(piece.audio) * answer.seconds_per_byte)
                     yield _sse({"type": "speech.audio.delta", "audio": _b64(data)}) if sse else data
             if sse:
                 usage = {"input_tokens": completion.input_tokens, "output_tokens": completion.output_tokens,
@@ -251,7 +251,7 @@ class OpenAIApp:
             else:
                 text += piece.text
                 if piece.audio and chat.wants_audio:
-                    tracker.audio()
+                    tracker.audio(len(piece.audio) * answer.seconds_per_byte)
                     audio += piece.audio
         content = completion.text or text
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -286,7 +286,7 @@ class OpenAIApp:
                     yield chunk({"content": piece.text})
                 if piece.audio and chat.wants_audio:
                     data, header = header + piece.audio, b""
-                    tracker.audio()
+                    tracker.audio(len(piece.audio) * answer.seconds_per_byte)
                     yield chunk({"audio": {"id": audio_id, "data": _b64(data)}})
             rest = completion.text[len(streamed):] if completion.text.startswith(streamed) else ""
             if rest:

@@ -48,7 +48,7 @@ async def run_server(
 ) -> None:
     """What :func:`omni_trio.serve_http` does (imported only when a server starts)."""
     serve_config = serve_config_of(config)
-    app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics(), limits)
+    app = OpenAIApp(pipeline, serve_config, build_adapter(serve_config), Metrics(serve_config.model), limits)
     hypercorn = HypercornConfig()
     hypercorn.bind = [ServerAddress(host, port).url.removeprefix("http://")]
     hypercorn.graceful_timeout = float(serve_config.grace_period_s)

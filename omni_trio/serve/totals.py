@@ -25,6 +25,7 @@ from omni_trio.coordinator.stats import PipelineStats
 BUSY_NAME = "omni_trio_stage_busy_seconds"
 EDGE_NAME = "omni_trio_edge_bytes"
 BACKLOG_NAME = "omni_trio_stream_backlog_bytes"
+REFUSED_STREAMS_NAME = "omni_trio_streams_refused"
 
 
 class _Gains:
@@ -43,7 +44,9 @@ class _Gains:
 
 class RuntimeTotals(Collector):
     """``omni_trio_stage_busy_seconds_total{stage}``, ``omni_trio_edge_bytes_total{from_stage,to_stage,transport}``
-    and the gauge ``omni_trio_stream_backlog_bytes`` (the last snapshot's unread stream bytes).
+    the gauge ``omni_trio_stream_backlog_bytes`` (the last snapshot's unread stream bytes) and
+    ``omni_trio_streams_refused_total`` (streams refused by ``stream_admission``; the coordinator's own
+    count, which no worker restart resets).
 
     Call :meth:`observe` with each new snapshot, one at a time, in the order
     they were taken; ``collect`` (the registry's scrape) reports the totals.
@@ -53,10 +56,12 @@ class RuntimeTotals(Collector):
         self._busy = _Gains()
         self._edges = _Gains()
         self._backlog = 0
+        self._refused_streams = 0
 
     def observe(self, stats: PipelineStats) -> None:
         """Add what ``stats`` gained since the previous snapshot."""
         self._backlog = stats.stream_backlog_bytes
+        self._refused_streams = stats.refused_streams
         senders = [(COORDINATOR, stats.sent_bytes)]
         for address, stage in stats.stages.items():
             self._busy.read((address,), (logical_name(address),), stage.busy_seconds)
@@ -68,7 +73,7 @@ class RuntimeTotals(Collector):
                     self._edges.read((address, receiver, transport), labels, nbytes)
 
     def collect(self) -> Iterator[Metric]:
-        """The two counter families, one sample per stage and per used edge and transport, and the gauge."""
+        """The counter families, one sample per stage and per used edge and transport, and the gauge."""
         busy = CounterMetricFamily(
             BUSY_NAME, "compute-seconds each stage spent in user compute, summed over its threads and replicas",
             labels=["stage"],
@@ -88,4 +93,9 @@ class RuntimeTotals(Collector):
             "bytes of stream events queued for streaming callers and not read yet (capped by "
             "stream_delivery.max_total_backlog_bytes)",
             value=self._backlog,
+        )
+        yield CounterMetricFamily(
+            REFUSED_STREAMS_NAME,
+            "streaming requests refused because the live streams could not take one more (stream_admission)",
+            value=self._refused_streams,
         )

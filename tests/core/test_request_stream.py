@@ -42,7 +42,7 @@ def queued_stream(chunks: int, aborts: list[RequestError], *, ended: bool) -> Re
         pass
 
     return RequestStream("r0", admit=lambda: live, send=send, abort=abort, settled=settled,
-                         taken=backlog.taken, dropped=backlog.dropped)
+                         taken=backlog.taken, dropped=backlog.dropped, declared=lambda live, seconds: None)
 
 
 async def test_a_reader_that_never_waits_still_lets_its_neighbours_run() -> None:
