@@ -15,8 +15,11 @@ one may start (``config.stream_admission``, :class:`~omni_trio.StreamAdmissionCo
   samples / rate, when it sends it); a stream whose reader declares nothing is timed by its own
   cadence: its first ``cadence_arrivals`` arrivals (chunks delivered together count once) set its
   seconds per chunk, and each later chunk adds that pace times ``1 + cadence_tolerance`` to its
-  playback clock. Text chunks are not timed (nobody plays them). A stream with
-  no known deadline yet never causes a refusal, so a pipeline below saturation never sees one.
+  playback clock. Such a stream is behind only once a chunk came after its clock ran dry (a stall
+  seen), never merely because nothing came for a while: its producer may be waiting on purpose (for
+  input, for a tool), which says nothing about the pipeline's load. Text chunks are not timed (nobody
+  plays them). A stream with no known deadline yet never causes a refusal, so a pipeline below
+  saturation never sees one.
 - ``off``: never refuses.
 
 The coordinator feeds it (:meth:`started`, :meth:`arrived`, :meth:`declared`, :meth:`ended`) and asks
@@ -86,19 +89,20 @@ class StreamAdmission:
         if config.mode == "off":
             return None
         for request_id, stream in self._streams.items():
-            reason = self._behind(stream.playback, now)
+            reason = self._behind(stream, now)
             if reason is not None:
                 return f"stream {request_id!r} {reason}, so the live streams cannot take one more; retry later"
         return None
 
-    def _behind(self, playback: _Playback, now: float) -> str | None:
+    def _behind(self, stream: _Stream, now: float) -> str | None:
+        playback = stream.playback
         if playback.end is None:
             return None
         if playback.stalled_at is not None and now - playback.stalled_at < self._config.recover_s:
             return (f"ran dry {now - playback.stalled_at:.3f}s ago "
                     f"(stream_admission.recover_s={self._config.recover_s})")
         slack = playback.end - now
-        if slack < self._config.min_slack_s:
+        if stream.declared and slack < self._config.min_slack_s:
             return f"has {slack:.3f}s of playback buffered (stream_admission.min_slack_s={self._config.min_slack_s})"
         return None
 
