@@ -1,4 +1,4 @@
-"""DataRef: the control-plane pointer to one data-plane object (SPEC §8.4).
+"""DataRef: the control-plane pointer to one data-plane object.
 
 A DataReady's ``data_ref`` is ``DataRef.to_wire()``: a plain map (msgpack
 friendly, ``_type: "DataRef"``, ``version: 1``). The receiver calls
@@ -11,7 +11,7 @@ Its one layout, ``packed_tensors`` (payloads, chunks with metadata tensors):
 ``header`` (pickled object with
 :class:`~omni_trio.comm.tensor_walk.TensorPlaceholder`) plus ``tensors``
 entries into one buffer. A chunk and its metadata tensors are packed into one
-buffer = one transfer = one credit (SPEC §9 item 6). A DataRef only travels
+buffer = one transfer = one credit. A DataRef only travels
 between processes, so its transport is ``inline``, ``shm`` or ``tcp``.
 
 ``buffer`` is ``{transport, info, length}``: ``info`` is the relay's put

@@ -1,4 +1,4 @@
-"""Which tensors may cross the data plane, checked at the sender ([FIX] SPEC §9 item 21).
+"""Which tensors may cross the data plane, checked at the sender.
 
 An unsupported dtype raises :class:`UnsupportedDtype` naming the tensor's
 location; a sparse, mkldnn, nested or meta tensor raises :class:`UnsupportedTensor`.

@@ -7,7 +7,7 @@ The sender creates ``/dev/shm/<prefix>-<n>``, fills it and closes its mapping
 out, or views with ``zero_copy``), and **unlinks** it (:func:`read_segment`:
 the receiver owns deletion). Copies of ``OFF_THREAD_BYTES`` and more run in a
 worker thread (``trio.to_thread``) so that co-located stages and ACKs are not
-stalled (SPEC §9 item 9).
+stalled.
 """
 
 from __future__ import annotations

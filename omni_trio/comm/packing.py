@@ -1,4 +1,4 @@
-"""Byte packing for the data plane (SPEC §8.5): a payload's tensors as one flat buffer.
+"""Byte packing for the data plane: a payload's tensors as one flat buffer.
 
 The tensors that :func:`~omni_trio.comm.tensor_walk.extract_tensors` found
 travel as one byte buffer laid out by :func:`pack_runs`: each tensor at an
@@ -243,7 +243,7 @@ def unpack_runs(
     first, or let reference counting own the mapping (see
     :func:`omni_trio.comm.oneshot.read_segment`).
 
-    Device restore (SPEC §8.5): a CPU source stays on CPU; a source of the
+    Device restore: a CPU source stays on CPU; a source of the
     received device type stays; an accelerator source is moved to
     ``accelerator`` (default: this process's current CUDA device when the
     source was CUDA and CUDA is available), otherwise it stays on CPU.

@@ -5,8 +5,8 @@ target may share the object, else ``local_copy``). For an edge to another
 process, :func:`choose_transport` picks how one object travels:
 
 * ``inline`` — inside the control message, no relay, no ACK: tensor-free
-  objects, and objects whose CPU tensors hold at most 16 KiB (SPEC §8.9,
-  provided the pickle stays within 16 KiB too);
+  objects, and objects whose CPU tensors hold at most 16 KiB (provided
+  the pickle stays within 16 KiB too);
 * ``shm`` — every other object: CPU tensors of any size (a CPU stream chunk
   over 16 KiB included, where the reference raises), and accelerator
   tensors, copied to host memory. There is no GPU-to-GPU transport: an edge
@@ -18,7 +18,7 @@ instead; the sender knows the host (:mod:`omni_trio.comm.tcp`,
 
 Each stage owns a :class:`TransportLog` that records, once per edge and
 direction and again whenever it changes, which transport an edge uses
-(``comm_transport_selected`` in the trace, SPEC §8.10), and counts the
+(``comm_transport_selected`` in the trace), and counts the
 tensor bytes sent on each edge by transport (``stats()``'s ``sent_bytes``).
 A process keeps its stages' logs in one :class:`TransportLogs`.
 """
@@ -36,7 +36,7 @@ log = get_logger(__name__)
 #: receiver's name for data sent to it (terminal results, chunks for the caller).
 COORDINATOR = "coordinator"
 
-#: Largest tensor data and pickled size sent inside a control message (SPEC §8.9).
+#: Largest tensor data and pickled size sent inside a control message.
 INLINE_LIMIT = 16 * 1024
 
 

@@ -1,4 +1,4 @@
-"""Shared-memory relay for host memory (SPEC §8.7), Linux ``/dev/shm``: the sender's side.
+"""Shared-memory relay for host memory, Linux ``/dev/shm``: the sender's side.
 
 :class:`ShmRelay` (one per sending stage) carries each transfer in one of two
 kinds of segment (their files: :mod:`omni_trio.comm.segments`):
@@ -28,9 +28,9 @@ unlinks every slot, and the supervisor removes what a crash left
 
 Back-pressure: each target has its own credits (a ``trio.Semaphore``); a put
 waits for a credit of *its* target only, so one slow consumer does not block
-the producer's other edges (SPEC §9 item 7). Each put counts as one transfer
+the producer's other edges. Each put counts as one transfer
 whatever it holds: callers pack a chunk and its metadata tensors into one
-buffer (SPEC §9 item 6).
+buffer.
 """
 
 from __future__ import annotations

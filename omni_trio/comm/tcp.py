@@ -1,4 +1,4 @@
-"""Tensors to a process on another host: ZMQ frames over the run's CURVE TCP socket (issue #16).
+"""Tensors to a process on another host: ZMQ frames over the run's CURVE TCP socket.
 
 Shared memory needs one host. Between hosts (decided by the processes' ``host`` values, see
 :mod:`omni_trio.config.processes`), an object too big to go inline travels as a ``tcp`` DataRef: the
@@ -93,7 +93,7 @@ def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, .
     """The tensors of a ``tcp`` DataRef, built over the received frames (no copy)."""
     import torch
 
-    # The same device restore as a shared-memory transfer's (SPEC §8.5).
+    # The same device restore as a shared-memory transfer's.
     from omni_trio.comm.dtypes import dtype_from_str
     from omni_trio.comm.packing import receiver_device
 

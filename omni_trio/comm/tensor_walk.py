@@ -1,10 +1,10 @@
-"""Finding the tensors of a payload, and putting them back (SPEC §8.5).
+"""Finding the tensors of a payload, and putting them back.
 
 A payload crosses processes as a *header*, the payload object with every
 tensor replaced by a :class:`TensorPlaceholder` (pickled), and the tensors'
 bytes (:mod:`omni_trio.comm.packing`).
 
-[FIX] (SPEC §9 item 20): the reference keyed tensors by a path built from
+SGLang-Omni keyed tensors by a path built from
 user keys (``parent.key``/``parent[i]``), so a key containing ``.`` or
 ``[0]`` could map two tensors to one path, and a user dict with a
 ``"_tensor_placeholder"`` key was mis-restored as a tensor. Here every

@@ -340,7 +340,7 @@ class Coordinator:
 
     def _queue(self, live: LiveRequest, event: Any, nbytes: int) -> None:
         """Put ``event`` (weighing ``nbytes``) into ``live``'s stream; fail the idlest streams if that
-        puts the unread total over ``stream_delivery.max_total_backlog_bytes`` (SPEC §6.5)."""
+        puts the unread total over ``stream_delivery.max_total_backlog_bytes``."""
         live.events.send_nowait(event)
         if self._backlog.queued(live, nbytes):
             self._fail_idlest_streams()

@@ -1,7 +1,7 @@
 """Sessions as a trio-shaped object: ``async with pipeline.session(...) as s``.
 
 A session's operations are ordinary requests whose metadata carries
-``omni_session`` (SPEC §3.12, §5.4); this module says where each one goes
+``omni_session``; this module says where each one goes
 (:func:`session_targets`) and wraps them in :class:`Session`::
 
     async with pipeline.session("s1", stages=["asr"]) as s:   # open

@@ -2,7 +2,7 @@
 
 A streaming caller's events wait in its request's channel until its reader takes them; a reader that
 stops reading (or reads slower than the stream comes) would let the stream pile up in the caller's
-memory. SPEC §6.5: every queued event adds its bytes to its request's backlog and to a total, the
+memory. Every queued event adds its bytes to its request's backlog and to a total, the
 reader's take subtracts them, and once the total is over ``stream_delivery.max_total_backlog_bytes``
 whole streams are failed, those whose readers have been idle longest first, until it fits: their
 queued events are dropped and they get a :class:`~omni_trio.errors.RequestQueueFull` instead.

@@ -1,7 +1,7 @@
-"""Schedulers: the compute side of a stage (SPEC §5).
+"""Schedulers: the compute side of a stage.
 
 A stage talks to its scheduler only through ``inbox``/``outbox`` queues of
-:class:`IncomingMessage`/:class:`OutgoingMessage` (SPEC §2.5).
+:class:`IncomingMessage`/:class:`OutgoingMessage`.
 """
 
 from omni_trio.scheduling.batching import BatchedRequest, ContinuousBatchingScheduler, StepOutput

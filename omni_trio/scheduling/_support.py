@@ -225,7 +225,7 @@ def batch_results(results: object, requests: int) -> Sequence[Any]:
 
 
 class BatchWindow:
-    """The batching window of one batch (SPEC §5.1 step 3).
+    """The batching window of one batch.
 
     Armed at the first request when ``armed_at_first`` (the reference's
     ``batch_wait_when_idle=True``), otherwise only once a second request
@@ -265,7 +265,7 @@ class BatchWindow:
 
 
 class BatchingOptions:
-    """The batching options SimpleScheduler and StreamingSimpleScheduler share (SPEC §5.1), checked
+    """The batching options SimpleScheduler and StreamingSimpleScheduler share, checked
     once: a value out of range raises ValueError naming the option."""
 
     batch_compute_fn: Callable[[Any], Any] | None

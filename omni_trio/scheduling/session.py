@@ -20,7 +20,7 @@ after every earlier operation of their session finished or was aborted;
 operations of different sessions run concurrently on the worker threads.
 ``read`` is not sequenced: it attaches the request as the session's output
 reader, which receives the chunks appends emit and is answered at close.
-Requests without the metadata go to ``compute_fn``. See SPEC §5.4.
+Requests without the metadata go to ``compute_fn``.
 """
 
 from __future__ import annotations

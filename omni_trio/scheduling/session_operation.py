@@ -1,4 +1,4 @@
-"""The session operation a request names in its ``omni_session`` metadata (SPEC §5.4), parsed.
+"""The session operation a request names in its ``omni_session`` metadata, parsed.
 
 The coordinator, the stage and the :class:`~omni_trio.scheduling.session.SessionScheduler` all read
 it: the coordinator and the stage route and abort by its ``stages`` and ``preempted_request_ids``,

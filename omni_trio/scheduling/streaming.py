@@ -5,7 +5,6 @@ Vocoders and streaming detokenisers receive ``stream_chunk`` messages (one
 request's payload (the upstream sends done signals before routing its
 result), and ``new_request`` payloads. Subclasses implement the hooks;
 non-streaming payloads are computed like :class:`SimpleScheduler` does.
-See SPEC §5.3.
 """
 
 from __future__ import annotations

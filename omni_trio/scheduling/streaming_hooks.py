@@ -1,5 +1,5 @@
 """What a :class:`~omni_trio.scheduling.streaming.StreamingSimpleScheduler` subclass implements:
-the hooks, each with a default that does nothing (SPEC §5.3)."""
+the hooks, each with a default that does nothing."""
 
 from __future__ import annotations
 

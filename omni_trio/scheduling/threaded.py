@@ -3,7 +3,7 @@
 For CPU-bound or blocking stages: each ``new_request`` runs ``compute_fn`` on
 a ``ThreadPoolExecutor`` thread (or is handed to ``dispatch_fn``, which wraps
 an async engine and returns a ``concurrent.futures.Future``), at most
-``max_concurrency`` at a time. See SPEC §5.2.
+``max_concurrency`` at a time.
 """
 
 from __future__ import annotations

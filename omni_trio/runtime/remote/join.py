@@ -1,4 +1,4 @@
-"""The ``manual`` launcher: a worker started by hand joins its run over authenticated TCP (issue #16).
+"""The ``manual`` launcher: a worker started by hand joins its run over authenticated TCP.
 
 For each process group with ``launcher = "manual"`` the runner writes a key file (JSON, mode 0600):
 the run's CURVE key pair and secret, the caller's join address ``tcp://HOST:PORT``, the group's name

@@ -1,4 +1,4 @@
-"""The ``ray`` launcher: a process group's worker inside a Ray actor, placed by its resources (issue #16).
+"""The ``ray`` launcher: a process group's worker inside a Ray actor, placed by its resources.
 
 The actor is a plain synchronous one (no asyncio actor): its one long-running method runs the worker's
 own ``trio.run``, the same code as ``omni-trio worker --join`` (:mod:`omni_trio.runtime.remote.worker_join`). The run's
