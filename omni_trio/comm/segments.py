@@ -8,7 +8,8 @@ one-shot segments ``<prefix>-<n>`` and pooled slots ``<prefix>-p<n>``, so
 
 Why not ``multiprocessing.shared_memory``: its resource tracker registers
 every segment in the creating *and* every attaching process and "cleans up"
-(unlinks) segments another process still needs, with warnings at exit. Plain ``os.open`` + ``mmap`` has no tracker; leftovers
+(unlinks) segments another process still needs, with warnings at exit. Plain
+``os.open`` + ``mmap`` has no tracker; leftovers
 after a crash are removed by the supervisor with :func:`remove_segments`.
 
 Only the owner removes a segment: every unlink here checks that the name is
