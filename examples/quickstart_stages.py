@@ -10,7 +10,8 @@ start fast; the tensor stages import it where they run.
 Pipelines built from these pieces:
 
 * text: ``tokenize -> embed``;
-* streaming speech: ``talker --stream--> vocoder`` (the vocoder is terminal);
+* streaming speech: ``talker --stream--> vocoder`` (the vocoder is terminal), the talker either a
+  generator compute function (``create_generator_talker``) or a hand-written scheduler (``create_talker``);
 * omni-modal fan-out/fan-in: ``preprocess -> (text_encoder, image_encoder) -> thinker``;
 * a slow stage for abort and deadline demos: ``slow_echo``; an ``async def`` one: ``fetch``;
 * tensors between processes: ``pcm_talker --stream--> pcm_vocoder``;
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 from omni_trio import (
     IncomingMessage,
@@ -156,6 +157,24 @@ def create_slow_echo() -> SimpleScheduler:
 
 
 # ----------------------------------------------------------------------------- streaming: talker -> vocoder
+
+
+def talk(payload: StagePayload) -> Generator[list[int], None, StagePayload]:
+    """Per request, yield ``steps`` chunks of codec codes, then return the result.
+
+    Each ``yield`` goes out at once as a stream chunk of the request (to the
+    stage's ``stream_to`` stages); the return value is the request's result.
+    """
+    steps = int(payload.request.params.get("steps", 3))
+    for step in range(steps):
+        yield [10 * step + 1, 10 * step + 2]  # one decode step's codec codes
+    payload.data = {"steps": steps}
+    return payload
+
+
+def create_generator_talker() -> SimpleScheduler:
+    """The talker as a generator compute function: a streaming stage with no scheduler of its own."""
+    return SimpleScheduler(talk)
 
 
 class Talker:
