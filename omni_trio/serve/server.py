@@ -8,6 +8,7 @@ import logging
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_trio.config import PipelineConfig, ServeConfig
 from omni_trio.config.hooks import import_string
@@ -34,6 +35,36 @@ def build_adapter(config: ServeConfig) -> ServeAdapter:
     if not isinstance(adapter, ServeAdapter):
         raise ConfigError([ConfigProblem("serve.adapter", f"{config.adapter!r} is not a ServeAdapter subclass")])
     return adapter
+
+
+class ShieldedResponseEnd:
+    """The app, with the last message of each HTTP response sent shielded from cancellation.
+
+    hypercorn re-arms a connection's keep-alive timer (or, once shutting down,
+    closes the connection) inside the ``send`` of a response's last body
+    message. A ``StreamingResponse`` that ends is cancelled during that very
+    ``send``: the disconnect message hypercorn queues there wakes Starlette's
+    disconnect listener, which cancels the response's task group. The
+    connection was then left idle with no timer: it stayed open until the
+    client closed it, and a shutdown waited the whole grace period for it.
+    hypercorn itself shields its socket writes; this shields the rest of that
+    bookkeeping.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a ``send`` that finishes a response's last message whatever is cancelled."""
+
+        async def send_shielding_the_end(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await self._app(scope, receive, send_shielding_the_end)
 
 
 async def run_server(
@@ -63,7 +94,8 @@ async def run_server(
 
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            functools.partial(hypercorn_serve, app.asgi, hypercorn, shutdown_trigger=until_shutdown)  # type: ignore[arg-type]
+            functools.partial(hypercorn_serve, ShieldedResponseEnd(app.asgi), hypercorn,  # type: ignore[arg-type]
+                              shutdown_trigger=until_shutdown)
         )
         bound_port = int(binds[0].rsplit(":", 1)[1])
         task_status.started(ServerAddress(host, bound_port))
