@@ -57,17 +57,30 @@ def config_from_dict(data: dict[str, Any]) -> PipelineConfig:
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
-    """Read a pipeline config from a TOML, JSON or YAML file."""
+    """Read a pipeline config from a TOML, JSON or YAML file.
+
+    A file that is not UTF-8 or does not parse is a :class:`ConfigError` naming it; ``OSError`` if it
+    cannot be read."""
     file = Path(path)
     kind = file_format(file)
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem(str(file), f"cannot parse: not UTF-8 text: {exc}")]) from None
     try:
         if kind == "toml":
             data = tomllib.loads(text)
         elif kind == "json":
             data = json.loads(text)
         else:
-            data = yaml_module().safe_load(text)
+            yaml = yaml_module()
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                # PyYAML's message spans lines (the mark, a caret): one line per problem.
+                raise ConfigError([ConfigProblem(str(file), f"cannot parse: {' '.join(str(exc).split())}")]) from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError([ConfigProblem(str(file), f"cannot parse: {exc}")]) from None
+    except RecursionError:
+        raise ConfigError([ConfigProblem(str(file), "cannot parse: nested too deeply")]) from None
     return config_from_dict(data)
