@@ -44,8 +44,13 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def hook_path_problems(path: str, value: object) -> list[ConfigProblem]:
-    """The problem of hook ``value`` at ``path`` if it is neither None nor a dotted path."""
+def hook_path_problems(path: str, value: object, process: str | None = None) -> list[ConfigProblem]:
+    """The problem of hook ``value`` at ``path`` if it is neither None nor a dotted path, or if it names
+    the ``__main__`` script while it runs in worker ``process`` (None: in the caller's process)."""
+    if isinstance(value, str) and value.startswith("__main__.") and process is not None:
+        # A worker's __main__ is not the caller's script: the import would fail in every worker.
+        return [ConfigProblem(path, f"{value!r} is defined in the __main__ script, which worker process "
+                                    f"{process!r} cannot import: define it in an importable module")]
     if value is None or (isinstance(value, str) and value.count(".") >= 1 and all(value.split("."))):
         return []
     if callable(value):
