@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from omni_trio.config.hooks import did_you_mean, hook_path_problems
+from omni_trio.config.hooks import did_you_mean, hook_path_problems, scheduler_option_problems
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, restart_problems
 from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
 from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, StageConfig
@@ -76,6 +76,7 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
         problems += hook_path_problems(f"{at}.{field}", getattr(stage, field), stage.process)
     if not isinstance(stage.factory, dict):
         problems.append(ConfigProblem(f"{at}.factory", "expected a dict of factory keyword arguments"))
+    problems += scheduler_option_problems(f"{at}.factory", stage.factory)
     has_next = stage.next is not None and stage.next != []
     if has_next and stage.terminal:
         problems.append(ConfigProblem(f"{at}", "set either 'next' or 'terminal=True', not both"))
@@ -151,6 +152,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
             problems.append(
                 ConfigProblem(f"{at}.replica_factory[{k}]", f"expected a dict of factory kwargs, got {entry!r}")
             )
+        problems += scheduler_option_problems(f"{at}.replica_factory[{k}]", entry)
     return problems
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,7 +23,22 @@ __all__ = [
     "hook_path_problems",
     "import_problem",
     "import_string",
+    "scheduler_option_problems",
 ]
+
+#: Options of the built-in schedulers that a stage's factory passes on by name: the smallest value each
+#: takes, whether None (no bound) is allowed, and whether it is a whole number. Their ranges are checked
+#: in the config, so that ``max_batch_size=0`` is a problem listed at validation, not a stage that fails.
+SCHEDULER_OPTIONS: dict[str, tuple[int, bool, bool]] = {
+    "max_batch_size": (1, False, True),
+    "max_batch_wait_ms": (0, False, False),
+    "max_batch_cost": (1, True, True),
+    "max_concurrency": (1, True, True),
+    "max_pending": (1, True, True),
+    "max_queued_streams": (1, True, True),
+    "max_open_sessions": (1, False, True),
+    "max_state_bytes_per_session": (1, False, True),
+}
 
 
 def dotted_path(value: Any) -> Any:
@@ -103,3 +119,22 @@ def factory_kwarg_problems(path: str, factory: Callable[..., Any], kwargs: dict[
         for key in kwargs
         if key not in accepted
     ]
+
+
+def scheduler_option_problems(path: str, kwargs: object) -> list[ConfigProblem]:
+    """The factory kwargs (the ``factory`` dict at ``path``) that name a scheduler option with a value out
+    of its range (:data:`SCHEDULER_OPTIONS`)."""
+    if not isinstance(kwargs, dict):
+        return []
+    problems = []
+    for key, value in kwargs.items():
+        if key not in SCHEDULER_OPTIONS or (value is None and SCHEDULER_OPTIONS[key][1]):
+            continue
+        least, none_ok, whole = SCHEDULER_OPTIONS[key]
+        kinds = (int,) if whole else (int, float)
+        if isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value >= least:
+            continue
+        expected = f"{'a whole number' if whole else 'a number'} >= {least}"
+        problems.append(ConfigProblem(f"{path}[{key!r}]", f"{key} must be {'None or ' * none_ok}{expected}, "
+                                                          f"got {value!r}"))
+    return problems

@@ -67,3 +67,24 @@ def test_a_script_placing_its_own_factory_in_a_worker_is_told_at_once(tmp_path: 
         "stages[0].factory_path: '__main__.create' is defined in the __main__ script, which worker process "
         "'p_a' cannot import: define it in an importable module\n"
     )
+
+
+def test_scheduler_options_out_of_range_are_listed_with_their_paths() -> None:
+    problems = problems_of(
+        ot.StageConfig(name="a", factory_path="m.create", next="b",
+                       factory={"max_batch_size": -3, "max_batch_wait_ms": -1.0, "max_concurrency": 0,
+                                "max_pending": 0, "other": -5}),
+        ot.StageConfig(name="b", factory_path="m.create", terminal=True, process="p_b", replicas=2,
+                       factory={"max_batch_size": 0, "max_pending": None, "max_batch_wait_ms": 2.5},
+                       replica_factory=[{"max_queued_streams": True}, {"max_batch_wait_ms": float("nan")}]),
+    )
+    assert problems == [
+        "stages[0].factory['max_batch_size']: max_batch_size must be a whole number >= 1, got -3",
+        "stages[0].factory['max_batch_wait_ms']: max_batch_wait_ms must be a number >= 0, got -1.0",
+        "stages[0].factory['max_concurrency']: max_concurrency must be None or a whole number >= 1, got 0",
+        "stages[0].factory['max_pending']: max_pending must be None or a whole number >= 1, got 0",
+        "stages[1].factory['max_batch_size']: max_batch_size must be a whole number >= 1, got 0",
+        "stages[1].replica_factory[0]['max_queued_streams']: max_queued_streams must be None or a whole number "
+        ">= 1, got True",
+        "stages[1].replica_factory[1]['max_batch_wait_ms']: max_batch_wait_ms must be a number >= 0, got nan",
+    ]
