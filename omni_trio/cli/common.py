@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from omni_trio.config import PipelineConfig, check_imports, load_config
+from omni_trio.config import PipelineConfig, load_config
 from omni_trio.errors import ConfigError, OmniTrioError, Terminated
 from omni_trio.serve.address import ListenError
 from omni_trio.tracing.trace import trace_files
@@ -54,11 +54,9 @@ def load(path: str) -> PipelineConfig:
     if not file.is_file():
         raise UsageError(f"no such config file: {path}")
     try:
-        config = load_config(file)
+        return load_config(file, imports=True)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
-    check_imports(config)
-    return config
 
 
 def print_config_error(path: str, error: ConfigError) -> None:

@@ -87,8 +87,13 @@ def import_string(path: str) -> Any:
             if exc.name is not None and not module_name.startswith(exc.name):
                 raise  # the module exists but one of its own imports is missing
             continue
-        for attr in parts[split:]:
-            obj = getattr(obj, attr)
+        for depth, attr in enumerate(parts[split:]):
+            try:
+                obj = getattr(obj, attr)
+            except AttributeError:
+                owner = ".".join(parts[: split + depth])
+                known = [name for name in dir(obj) if not name.startswith("_")]
+                raise AttributeError(f"{owner!r} has no attribute {attr!r}{did_you_mean(attr, known)}") from None
         return obj
     raise ImportError(f"no module found for {path!r}")
 
