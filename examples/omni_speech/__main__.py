@@ -7,13 +7,14 @@ Run from the repository root::
 
 It prints the time to first audio and the real-time factor of each request,
 writes the first request's audio to ``--out``, and prints a per-stage time
-breakdown read back from the trace (``--trace``, else a temporary file).
+breakdown read back from the trace (``--trace``, else a temporary file, removed at exit). The
+models' weights are random (see :mod:`examples.omni_speech.models`). Ctrl-C prints ``interrupted``
+and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +23,16 @@ from typing import Any
 import trio
 
 import omni_trio as ot
-from examples.omni_speech.pipeline import PLACEMENTS, Speech, describe, make_config, remove_trace, speak, write_wav
+from examples.omni_speech.pipeline import (
+    PLACEMENTS,
+    Speech,
+    describe,
+    make_config,
+    remove_trace,
+    run_demo,
+    speak,
+    write_wav,
+)
 from examples.omni_speech.stages import MAX_NEW_TOKENS
 
 
@@ -41,12 +51,6 @@ async def run(args: argparse.Namespace, trace: Path) -> tuple[list[Speech], floa
             for index in range(args.concurrency):
                 nursery.start_soon(one, index)
     return [speeches[i] for i in range(args.concurrency)], ready
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def main() -> None:
@@ -70,17 +74,21 @@ def main() -> None:
     if not args.text.strip():
         parser.error("--text must not be empty")
 
-    trace = args.trace or Path(tempfile.mkdtemp(prefix="omni-speech-")) / "trace.jsonl"
-    remove_trace(trace)
-    try:
-        speeches, ready = trio.run(run, args, trace)
-    except* ot.RequestError as group:
-        for error in _leaves(group):
-            print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
+    if args.trace:
+        remove_trace(args.trace)
+        report(args, args.trace)
+        return
+    with tempfile.TemporaryDirectory(prefix="omni-speech-") as folder:
+        report(args, Path(folder) / "trace.jsonl")
+
+
+def report(args: argparse.Namespace, trace: Path) -> None:
+    """Run the requests, tracing to ``trace``, and print what they did."""
+    speeches, ready = run_demo(run, args, trace)
 
     source = f"text + {args.audio_seconds:g} s tone at {args.tone_hz:g} Hz" if args.audio else "text only"
     print(f"omni_speech, {args.placement} placement: {args.concurrency} request(s), {source}")
+    print("(the models' weights are random: the pipeline is real, what it says and sounds like is noise)")
     print(f"pipeline ready in {ready:.2f} s")
     for speech in speeches:
         result = speech.result or {}
@@ -95,7 +103,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_wav(args.out, first.pcm, first.sample_rate)
         print(f"wrote {args.out} ({first.pcm.numel()} samples at {first.sample_rate} Hz, {first.audio_s:.2f} s)")
-    print(f"\nwhere {first.request_id}'s time went (trace: {trace}):")
+    where = f"trace: {trace}" if args.trace else "from its trace"
+    print(f"\nwhere {first.request_id}'s time went ({where}):")
     for line in describe(first, ot.read_trace(trace)):
         print("  " + line)
 

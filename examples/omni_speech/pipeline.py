@@ -12,14 +12,17 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import wave
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
+import trio
 
 import omni_trio as ot
 from examples.placement import process_for
@@ -151,6 +154,32 @@ def write_wav(path: str | os.PathLike[str], pcm: torch.Tensor, sample_rate: int)
 
 
 # ---------------------------------------------------------------------------------------- trace
+
+
+T = TypeVar("T")
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def run_demo(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run(main, *args)`` for the demo's commands: Ctrl-C prints one line and exits 130 (the
+    pipeline closed as on any exit), a failed request one ``error:`` line each and exits 1."""
+    try:
+        return trio.run(main, *args)
+    except BaseException as error:
+        leaves = _leaves(error)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            print("interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        if leaves and all(isinstance(leaf, ot.RequestError) for leaf in leaves):
+            for leaf in leaves:
+                print(f"error: {leaf}", file=sys.stderr)
+            raise SystemExit(1) from None
+        raise
 
 
 def remove_trace(path: str | os.PathLike[str]) -> None:

@@ -30,11 +30,10 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import trio
 
 import omni_trio as ot
 from examples.omni_speech import espeak, tts
-from examples.omni_speech.pipeline import PLACEMENTS, write_wav
+from examples.omni_speech.pipeline import PLACEMENTS, run_demo, write_wav
 from examples.placement import process_for
 
 M = "examples.omni_speech"
@@ -167,7 +166,7 @@ def main() -> None:
     parser.add_argument("--placement", choices=PLACEMENTS, default="embedded")
     parser.add_argument("--out", type=Path, help="write the spoken reply to this WAV file")
     args = parser.parse_args()
-    exchange = trio.run(run, args)
+    exchange = run_demo(run, args)  # Ctrl-C: one line, exit 130
     result = exchange.result or {}
     print(f"heard: {result.get('transcript')!r}")
     print(f"reply: {result.get('text')!r}")

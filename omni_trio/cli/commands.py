@@ -15,19 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import trio
 
 from omni_trio.cli.common import (
-    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
     add_app_dir,
     add_app_dir_option,
-    err,
     load,
+    prepare_trace,
+    run_trio,
 )
-from omni_trio.errors import OmniTrioError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -53,23 +51,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.config} has no [serve] table (model, adapter): see docs/serving.md")
     if args.deadline is not None:
         config = attrs.evolve(config, serve=attrs.evolve(config.serve, deadline_s=args.deadline))
-    try:
-        trio.run(functools.partial(serve_until_signalled, config, host=args.host, port=args.port,
-                                   trace=args.trace, out=sys.stdout))
-    except OmniTrioError as exc:
-        err(f"error: {exc}")
-        return EXIT_FAILED
-    except OSError as exc:  # the address is taken, or not ours to bind
-        err(f"error: cannot listen on {args.host}:{args.port}: {exc}")
-        return EXIT_FAILED
-    return EXIT_OK
+    prepare_trace(args.trace)
+    return run_trio(args.config, functools.partial(serve_until_signalled, config, host=args.host, port=args.port,
+                                                   trace=args.trace, out=sys.stdout))
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
     """``omni-trio reclaim [--base DIR ...]``: remove what runs of provably dead processes left behind."""
     from omni_trio.comm.ownership import reclaim_dead_runs
 
-    reclaimed = reclaim_dead_runs([Path(base) for base in args.base or [tempfile.gettempdir()]])
+    bases = [Path(base) for base in args.base or [tempfile.gettempdir()]]
+    for base in bases:
+        if not base.is_dir():
+            raise UsageError(f"--base {base}: no such directory")
+    reclaimed = reclaim_dead_runs(bases)
     for directory in reclaimed.directories:
         print(f"removed {directory}")
     print(f"removed {len(reclaimed.directories)} IPC director{'y' if len(reclaimed.directories) == 1 else 'ies'} "

@@ -11,23 +11,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
-import trio
 
 from omni_trio.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     add_app_dir,
     add_app_dir_option,
     err,
     load,
-    print_config_error,
+    prepare_trace,
+    run_trio,
 )
 from omni_trio.config import PipelineConfig
-from omni_trio.errors import ConfigError, OmniTrioError, Terminated
+from omni_trio.errors import OmniTrioError
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.tracing.trace import trace_files
 
 #: Tensors with at most this many elements are written out in full by ``--json``; larger ones as a summary.
 JSON_TENSOR_LIMIT = 1024
@@ -84,12 +82,6 @@ def json_default(value: Any) -> Any:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, default=json_default, ensure_ascii=False)
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def _progress(message: str) -> None:
@@ -156,34 +148,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.deadline is not None and args.deadline <= 0:
         raise UsageError("--deadline must be positive")
     inputs = _read_input(args.input)
-    if args.trace is not None:
-        trace = Path(args.trace)
-        if trace_files(trace):
-            err(f"warning: {trace} exists; this run's events are appended to it (use a fresh directory per run)")
-        try:
-            trace.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot create the trace directory {trace.parent}: {exc}") from None
+    prepare_trace(args.trace)
     config = load(args.config)  # its ConfigError: cli.parser.main prints every problem and exits 2
-    try:
-        return trio.run(_run_request, config, args, inputs, sys.stdout)
-    except ConfigError as exc:
-        print_config_error(args.config, exc)
-        return EXIT_USAGE
-    except OmniTrioError as exc:
-        err(f"error: {exc}")
-        return EXIT_FAILED
-    except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-            raise KeyboardInterrupt from None
-        if any(isinstance(leaf, Terminated) for leaf in leaves):
-            raise Terminated() from None
-        if all(isinstance(leaf, OmniTrioError) for leaf in leaves):
-            for leaf in leaves:
-                err(f"error: {leaf}")
-            return EXIT_FAILED
-        raise
+    return run_trio(args.config, _run_request, config, args, inputs, sys.stdout)
 
 
 def add_parser(commands: Any) -> None:

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from omni_trio.config.hooks import did_you_mean, hook_path_problems
+from omni_trio.config.hooks import did_you_mean, hook_path_problems, scheduler_option_problems
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, restart_problems
 from omni_trio.config.settings import (
     MIN_MESSAGE_BYTES,
@@ -80,9 +80,10 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
     if not isinstance(stage.name, str) or not stage.name:
         problems.append(ConfigProblem(f"{at}.name", "a stage needs a non-empty string name"))
     for field in ("factory_path", "route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn"):
-        problems += hook_path_problems(f"{at}.{field}", getattr(stage, field))
+        problems += hook_path_problems(f"{at}.{field}", getattr(stage, field), stage.process)
     if not isinstance(stage.factory, dict):
         problems.append(ConfigProblem(f"{at}.factory", "expected a dict of factory keyword arguments"))
+    problems += scheduler_option_problems(f"{at}.factory", stage.factory)
     has_next = stage.next is not None and stage.next != []
     if has_next and stage.terminal:
         problems.append(ConfigProblem(f"{at}", "set either 'next' or 'terminal=True', not both"))
@@ -113,7 +114,7 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
                 problems.append(
                     ConfigProblem(f"{at}.project_payload[{target!r}]", f"{target!r} is not in this stage's next")
                 )
-            problems += hook_path_problems(f"{at}.project_payload[{target!r}]", hook)
+            problems += hook_path_problems(f"{at}.project_payload[{target!r}]", hook, stage.process)
     problems += _check_names(f"{at}.stream_to", stage.stream_to, known)
     if stage.stream_done_to_fn is not None and not stage.stream_to:
         problems.append(
@@ -143,7 +144,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
                 "in the caller's process; set process",
             )
         )
-    problems += hook_path_problems(f"{at}.replica_policy", stage.replica_policy)
+    problems += hook_path_problems(f"{at}.replica_policy", stage.replica_policy, stage.process)
     overrides = stage.replica_factory
     if overrides is None:
         return problems
@@ -158,6 +159,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
             problems.append(
                 ConfigProblem(f"{at}.replica_factory[{k}]", f"expected a dict of factory kwargs, got {entry!r}")
             )
+        problems += scheduler_option_problems(f"{at}.replica_factory[{k}]", entry)
     return problems
 
 

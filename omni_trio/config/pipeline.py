@@ -129,34 +129,46 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     return problems
 
 
-def check_imports(config: PipelineConfig) -> None:
-    """Import every hook and factory of ``config``; raise ConfigError listing all failures."""
+def stage_import_problems(index: int, stage: StageConfig) -> list[ConfigProblem]:
+    """Why the factory and hooks of ``stages[index]`` do not import, and factory kwargs it cannot take."""
+    at = f"stages[{index}]"
     problems: list[ConfigProblem] = []
-    for i, stage in enumerate(config.stages):
-        at = f"stages[{i}]"
-        factory, problem = import_problem(f"{at}.factory_path", stage.factory_path)
-        if problem:
-            problems.append(problem)
-        else:
-            problems += factory_kwarg_problems(f"{at}.factory", factory, stage.factory)
-            for k, entry in enumerate(stage.replica_factory or []):
-                problems += factory_kwarg_problems(f"{at}.replica_factory[{k}]", factory, entry)
-        for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy"):
-            value = getattr(stage, field)
-            if value is not None:
-                problems += [p for p in [import_problem(f"{at}.{field}", value)[1]] if p]
-        for target, hook in stage.project_payload.items():
-            problems += [p for p in [import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
-    for field in ("terminal_stages_fn", "replica_policy"):
-        value = getattr(config, field)
+    factory, problem = import_problem(f"{at}.factory_path", stage.factory_path)
+    if problem:
+        problems.append(problem)
+    else:
+        problems += factory_kwarg_problems(f"{at}.factory", factory, stage.factory)
+        for k, entry in enumerate(stage.replica_factory or []):
+            problems += factory_kwarg_problems(f"{at}.replica_factory[{k}]", factory, entry)
+    for field in ("route_fn", "merge_fn", "wait_for_fn", "stream_done_to_fn", "replica_policy"):
+        value = getattr(stage, field)
+        if value is not None:
+            problems += [p for p in [import_problem(f"{at}.{field}", value)[1]] if p]
+    for target, hook in stage.project_payload.items():
+        problems += [p for p in [import_problem(f"{at}.project_payload[{target!r}]", hook)[1]] if p]
+    return problems
+
+
+def settings_import_problems(
+    terminal_stages_fn: str | None, replica_policy: str | None, serve: ServeConfig | None
+) -> list[ConfigProblem]:
+    """Why the pipeline-wide hooks and the serve adapter do not import (or cannot take its options)."""
+    problems: list[ConfigProblem] = []
+    for field, value in (("terminal_stages_fn", terminal_stages_fn), ("replica_policy", replica_policy)):
         if value is not None:
             problems += [p for p in [import_problem(field, value)[1]] if p]
-    if config.serve is not None:
-        adapter, problem = import_problem("serve.adapter", config.serve.adapter)
+    if serve is not None:
+        adapter, problem = import_problem("serve.adapter", serve.adapter)
         if problem:
             problems.append(problem)
         else:
-            problems += factory_kwarg_problems("serve.adapter_options", adapter, config.serve.adapter_options)
+            problems += factory_kwarg_problems("serve.adapter_options", adapter, serve.adapter_options)
+    return problems
+
+
+def check_imports(config: PipelineConfig) -> None:
+    """Import every hook and factory of ``config``; raise ConfigError listing all failures."""
+    problems = [problem for i, stage in enumerate(config.stages) for problem in stage_import_problems(i, stage)]
+    problems += settings_import_problems(config.terminal_stages_fn, config.replica_policy, config.serve)
     if problems:
         raise ConfigError(problems)
-

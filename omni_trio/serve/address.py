@@ -17,3 +17,11 @@ class ServerAddress:
         """``http://host:port``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+class ListenError(OSError):
+    """The server cannot listen on its address (taken, not this host's, not permitted).
+
+    Raised by ``nursery.start(ot.serve_http, ...)`` before it starts; ``strerror`` says which address
+    and why, and ``__cause__`` is the socket's own error.
+    """

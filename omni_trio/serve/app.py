@@ -35,6 +35,7 @@ from omni_trio.serve.answers import (
     unless_client_leaves,
 )
 from omni_trio.serve.audio import wav_header
+from omni_trio.serve.json_body import parse_json_object
 from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
 from omni_trio.serve.realtime.endpoint import Realtime
@@ -43,7 +44,6 @@ from omni_trio.serve.schemas import (
     HTTPError,
     SpeechRequest,
     chat_request,
-    parse_json,
     speech_request,
 )
 from omni_trio.serve.speech_socket import SpeechSocket
@@ -180,7 +180,7 @@ class OpenAIApp:
         """``POST /v1/audio/speech``: raw audio bytes as they are made, or SSE deltas."""
         tracker = Tracker(self._metrics)
         try:
-            speech = speech_request(parse_json(await self._read_body(request)))
+            speech = speech_request(parse_json_object(await self._read_body(request)))
             self._check_model(speech.model)
             answer = await self._begin(request, tracker, "speech", self._adapter.speech_input(speech),
                                        speech.deadline)
@@ -223,7 +223,7 @@ class OpenAIApp:
         """``POST /v1/chat/completions``: one JSON answer, or ``chat.completion.chunk`` SSE."""
         tracker = Tracker(self._metrics)
         try:
-            chat = chat_request(parse_json(await self._read_body(request)))
+            chat = chat_request(parse_json_object(await self._read_body(request)))
             self._check_model(chat.model)
             answer = await self._begin(request, tracker, "chat", self._adapter.chat_input(chat), chat.deadline)
             if not chat.stream:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 from typing import TextIO
 
 import trio
@@ -24,9 +25,9 @@ async def serve_until_signalled(
     The first SIGINT or SIGTERM stops accepting connections and lets requests
     in flight finish within the grace period (then aborts them); the pipeline
     then closes, leaving no worker process, socket or shared memory behind. A
-    signal during start-up stops at once.
+    signal during start-up stops at once. The signal is acknowledged with one line on stderr.
     """
-    serve_config_of(config)  # no serve table: fail before starting anything
+    grace_period_s = serve_config_of(config).grace_period_s  # no serve table: fail before starting anything
     shutdown = trio.Event()
     listening = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -37,6 +38,9 @@ async def serve_until_signalled(
                     shutdown.set()
                     if not listening:
                         outer.cancel_scope.cancel()
+                    else:
+                        print(f"shutting down: requests in flight have {grace_period_s:g} s to finish",
+                              file=sys.stderr, flush=True)
                     return
 
             outer.start_soon(on_signal)

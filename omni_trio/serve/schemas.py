@@ -1,6 +1,7 @@
 """The OpenAI request bodies the server accepts, parsed and checked; its error body.
 
-Bodies are JSON only (nothing in a request is unpickled). Every problem is a
+Bodies are JSON only (nothing in a request is unpickled), parsed by
+:mod:`omni_trio.serve.json_body`. Every problem is a
 :class:`BadRequest` naming the field, so the client gets a 400 that says
 what to fix.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 from typing import Any
 
@@ -94,17 +94,6 @@ class ChatRequest:
     def wants_audio(self) -> bool:
         """Whether the answer carries audio."""
         return "audio" in self.modalities
-
-
-def parse_json(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], *, at: str = "", **default: Any) -> Any:

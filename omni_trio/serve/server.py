@@ -8,13 +8,14 @@ import logging
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_trio.config import PipelineConfig, ServeConfig
 from omni_trio.config.hooks import import_string
 from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.errors import ConfigError, ConfigProblem
 from omni_trio.serve.adapter import ServeAdapter
-from omni_trio.serve.address import ServerAddress
+from omni_trio.serve.address import ListenError, ServerAddress
 from omni_trio.serve.app import OpenAIApp
 from omni_trio.serve.limits import SocketLimits
 from omni_trio.serve.metrics import Metrics
@@ -30,11 +31,55 @@ def serve_config_of(config: PipelineConfig | ServeConfig) -> ServeConfig:
 
 
 def build_adapter(config: ServeConfig) -> ServeAdapter:
-    """The adapter ``config`` names, built with its options."""
-    adapter = import_string(config.adapter)(**config.adapter_options)
+    """The adapter ``config`` names, built with its options; ConfigError if that fails."""
+    try:
+        adapter = import_string(config.adapter)(**config.adapter_options)
+    except Exception as exc:  # the user's constructor: any failure is the config's problem
+        problem = ConfigProblem("serve.adapter_options", f"{config.adapter}(**adapter_options) failed: "
+                                f"{type(exc).__name__}: {exc}")
+        raise ConfigError([problem]) from exc
     if not isinstance(adapter, ServeAdapter):
         raise ConfigError([ConfigProblem("serve.adapter", f"{config.adapter!r} is not a ServeAdapter subclass")])
     return adapter
+
+
+def _socket_error(error: BaseException) -> OSError | None:
+    """The one OSError that ``error`` is or wraps (hypercorn's nurseries wrap it), else None.
+
+    Before hypercorn reports its binds, an OSError can only come from making its listening sockets."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error if isinstance(error, OSError) else None
+
+
+class ShieldedResponseEnd:
+    """The app, with the last message of each HTTP response sent shielded from cancellation.
+
+    hypercorn re-arms a connection's keep-alive timer (or, once shutting down,
+    closes the connection) inside the ``send`` of a response's last body
+    message. A ``StreamingResponse`` that ends is cancelled during that very
+    ``send``: the disconnect message hypercorn queues there wakes Starlette's
+    disconnect listener, which cancels the response's task group. The
+    connection was then left idle with no timer: it stayed open until the
+    client closed it, and a shutdown waited the whole grace period for it.
+    hypercorn itself shields its socket writes; this shields the rest of that
+    bookkeeping.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a ``send`` that finishes a response's last message whatever is cancelled."""
+
+        async def send_shielding_the_end(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await self._app(scope, receive, send_shielding_the_end)
 
 
 async def run_server(
@@ -64,9 +109,19 @@ async def run_server(
         else:
             await shutdown.wait()
 
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(hypercorn_serve, app.asgi, hypercorn, shutdown_trigger=until_shutdown)  # type: ignore[arg-type]
-        )
-        bound_port = int(binds[0].rsplit(":", 1)[1])
-        task_status.started(ServerAddress(host, bound_port))
+    address: ServerAddress | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                functools.partial(hypercorn_serve, ShieldedResponseEnd(app.asgi), hypercorn,  # type: ignore[arg-type]
+                                  shutdown_trigger=until_shutdown)
+            )
+            address = ServerAddress(host, int(binds[0].rsplit(":", 1)[1]))
+            task_status.started(address)
+    except (OSError, BaseExceptionGroup) as error:
+        # Raised out here, not in the nursery: the caller's nursery.start gets the ListenError itself.
+        cause = None if address is not None else _socket_error(error)
+        if cause is None:
+            raise
+        where = hypercorn.bind[0]
+        raise ListenError(cause.errno, f"cannot listen on {where}: {cause.strerror or cause}") from cause

@@ -96,6 +96,28 @@ def test_validate_lists_every_import_problem(capsys: pytest.CaptureFixture[str],
     assert problems[1].startswith("stages[1].factory['dimm']: the factory does not accept 'dimm'")
 
 
+def test_validate_lists_structural_and_import_problems_in_one_run(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    path = tmp_path / "both.toml"
+    path.write_text(
+        'entry_stage = "splt"\n\n'
+        '[[stages]]\nname = "split"\nfactory_path = "tests.stages.create_apend"\nfactory = {tag = "s"}\n'
+        'next = "upper"\n\n'
+        '[[stages]]\nname = "upper"\nfactory_path = "tests.stages.create_append"\nfactory = {tagg = "u"}\n'
+        'terminal = true\nroute_fn = "tests.stages.route_by_words"\n'
+    )
+    code, out, err = run_cli(capsys, "validate", str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"error: invalid pipeline config {path} (4 problems):",
+        "stages[1].route_fn: a terminal stage routes nowhere; remove route_fn",
+        "entry_stage: 'splt' is not a stage; did you mean 'split'?",
+        "stages[0].factory_path: cannot import 'tests.stages.create_apend': AttributeError: 'tests.stages' has no "
+        "attribute 'create_apend'; did you mean 'create_append'?",
+        "stages[1].factory['tagg']: the factory does not accept 'tagg'; did you mean 'tag'?",
+    ]
+
+
 def test_validate_missing_file_and_bad_usage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, err = run_cli(capsys, "validate", str(tmp_path / "nope.toml"))
     assert (code, out) == (2, "")

@@ -149,3 +149,27 @@ async def test_a_client_leaving_mid_stream_aborts_its_request_everywhere(placeme
                     ) != 1:
                         await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_json_nested_too_deeply_is_a_400_on_every_endpoint_and_is_counted() -> None:
+    # 2,000 levels make Python's JSON reader raise RecursionError; 65 parse but are past MAX_DEPTH.
+    config = _config("embedded")
+    deep = b'{"model": "toy", "messages": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    just_too_deep = b'{"model": "toy", "x": ' + b"[" * 64 + b"]" * 64 + b"}"
+    assert len(deep) < 4096
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
+            address = await nursery.start(ot.serve_http, pipeline, config, "127.0.0.1", 0)
+            async with httpx.AsyncClient(base_url=address.url) as client:
+                for path in (CHAT, "/v1/audio/speech"):
+                    for body in (deep, just_too_deep):
+                        response = await client.post(path, content=body, headers={"content-type": "application/json"})
+                        assert response.status_code == 400, response.text
+                        error = response.json()["error"]
+                        assert error["type"] == "invalid_request_error" and error["param"] is None
+                        assert "nested deeper than 64 levels" in error["message"]
+                assert (await client.post(CHAT, json=_chat("still serving"))).status_code == 200
+                metrics = (await client.get("/metrics")).text
+                assert _metric(metrics, 'omni_trio_requests_total{outcome="bad_request"}') == 4
+                assert _metric(metrics, "omni_trio_requests_in_flight") == 0
+            nursery.cancel_scope.cancel()
