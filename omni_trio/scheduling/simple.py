@@ -9,7 +9,6 @@ See SPEC §5.1.
 from __future__ import annotations
 
 import collections
-import contextvars
 import logging
 import queue
 import threading
@@ -22,7 +21,6 @@ import trio
 from omni_trio.scheduling._support import (
     WAKEUP,
     BatchingOptions,
-    BatchWindow,
     RunningComputes,
     SyncIdSet,
     ThreadLoop,
@@ -41,6 +39,7 @@ from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.on_loop import LoopComputes, checked_for_trio_loop
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import IncomingMessage
+from omni_trio.scheduling.simple_serving import BatchCollector, WorkerThreads
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +135,8 @@ class SimpleScheduler(BatchingOptions):
         self._aborted = SyncIdSet()
         self._computes = RunningComputes()
         self._stopping = threading.Event()
-        self._workers_lock = threading.Lock()
-        self._live_workers = 0
+        self._batches = BatchCollector(self, source=self)
+        self._workers = WorkerThreads(self.max_concurrency, self, self._stopping)
         #: How long compute ran here (``stats()``'s ``busy_seconds``).
         self.busy = BusyTime()
         #: Async compute on the stage's trio loop (see :meth:`attach_loop`); None: compute on threads.
@@ -153,7 +152,7 @@ class SimpleScheduler(BatchingOptions):
     def start(self) -> None:
         """Serve until :meth:`stop`; blocks the calling (scheduler) thread."""
         if self.max_concurrency > 1:
-            self._serve_concurrently()
+            self._workers.serve(self._take_on_worker)
         else:
             self._serve_serially()
         if self._on_loop is not None:
@@ -231,17 +230,12 @@ class SimpleScheduler(BatchingOptions):
         loop = ThreadLoop()
         try:
             while not self._stopping.is_set():
-                msg = self._next_message()
+                msg = self._batches.next_message()
                 if msg.type != "new_request" or self._skip_before_compute(msg):
                     continue
                 self._process(msg, loop)
         finally:
             loop.close()
-
-    def _next_message(self) -> IncomingMessage:
-        if self.pending_messages:
-            return self.pending_messages.popleft()
-        return self.inbox.get()
 
     def collect_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
         """Gather the batch that ``first`` opens (SPEC §5.1 step 3).
@@ -254,43 +248,7 @@ class SimpleScheduler(BatchingOptions):
         admitted); other message types go to its back. Aborted requests are
         dropped here and never enter the batch.
         """
-        batch = [first]
-        if self.batch_compute_fn is None or self.max_batch_size <= 1:
-            return batch
-        cost = self.message_cost(first) if self.max_batch_cost is not None else 0
-        window = BatchWindow(self.max_batch_wait_s, armed_at_first=self.batch_wait_when_idle)
-        while len(batch) < self.max_batch_size:
-            msg = window.next_message(self._inbox_nowait, self.inbox)
-            if msg is None:
-                break
-            if msg.type != "new_request":
-                self.pending_messages.append(msg)
-                if msg.type == "wakeup":
-                    # Stopping: run what we have instead of sitting out the window.
-                    break
-                continue
-            if self._skip_before_compute(msg):
-                continue
-            if self.max_batch_cost is not None:
-                try:
-                    msg_cost = self.message_cost(msg)
-                except Exception as exc:
-                    logger.exception("request_cost_fn failed for %s", msg.request_id)
-                    self._emit_error(msg.request_id, exc)
-                    continue
-                if cost + msg_cost > self.max_batch_cost:
-                    self.pending_messages.appendleft(msg)
-                    break
-                cost += msg_cost
-            batch.append(msg)
-            window.joined()
-        return batch
-
-    def _inbox_nowait(self) -> IncomingMessage | None:
-        try:
-            return self.inbox.get_nowait()
-        except queue.Empty:
-            return None
+        return self._batches.collect(first, skip=self._skip_before_compute, cost_failed=self._emit_error)
 
     def _process(self, first: IncomingMessage, loop: ThreadLoop) -> None:
         try:
@@ -338,42 +296,11 @@ class SimpleScheduler(BatchingOptions):
     # Concurrent mode
     # ------------------------------------------------------------------
 
-    def _serve_concurrently(self) -> None:
-        with self._workers_lock:
-            self._live_workers = self.max_concurrency
-        base = threading.current_thread().name
-        workers = [
-            # Each worker runs in a copy of this thread's context: ot.empty finds the stage's pool there.
-            threading.Thread(
-                target=contextvars.copy_context().run, args=(self._worker,), name=f"{base}-worker-{i}", daemon=True
-            )
-            for i in range(self.max_concurrency)
-        ]
-        for worker in workers:
-            worker.start()
-        # Workers take straight from the inbox (no bridge queue that could strand
-        # messages at stop) and must not outlive start().
-        for worker in workers:
-            worker.join()
-
-    def _worker(self) -> None:
-        loop = ThreadLoop()
-        try:
-            while not self._stopping.is_set():
-                msg = self.inbox.get()
-                if msg.type != "new_request" or self._skip_before_compute(msg):
-                    continue
-                # A message once taken is always seen through, even if stop()
-                # came meanwhile: nothing taken from the inbox is lost.
-                self._run_one(msg, loop)
-        finally:
-            loop.close()
-            with self._workers_lock:
-                self._live_workers -= 1
-                others_alive = self._live_workers > 0
-            if others_alive:
-                # stop() put one sentinel; pass one on so each blocked sibling wakes.
-                self.inbox.put(WAKEUP)
+    def _take_on_worker(self, msg: IncomingMessage, loop: ThreadLoop) -> None:
+        """What a worker thread does with a message it took: compute a live ``new_request``."""
+        if msg.type != "new_request" or self._skip_before_compute(msg):
+            return
+        self._run_one(msg, loop)
 
     # ------------------------------------------------------------------
     # Shared by both modes

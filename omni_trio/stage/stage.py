@@ -19,38 +19,32 @@ from typing import Any, Protocol
 
 import trio
 
-from omni_trio.comm.alloc import SlotAllocator, allocating
+from omni_trio.comm.alloc import SlotAllocator
 from omni_trio.comm.router import TransportLog
 from omni_trio.config import StageConfig
 from omni_trio.config.hooks import import_string
 from omni_trio.config.replicas import replica_name
 from omni_trio.control.bindings import BindingTable
-from omni_trio.errors import QueueFullError, StageStartupError, describe_error
+from omni_trio.errors import QueueFullError, describe_error
 from omni_trio.payload import StagePayload, StreamItem
 from omni_trio.scheduling.busy import BusyTime
 from omni_trio.scheduling.idset import BoundedIdSet
 from omni_trio.scheduling.inbox import Inbox
 from omni_trio.scheduling.outbox import Outbox
-from omni_trio.scheduling.protocol import IncomingMessage, OutgoingMessage, ResultOwner
-from omni_trio.scheduling.session_operation import SessionOperation
+from omni_trio.scheduling.protocol import IncomingMessage, ResultOwner
 from omni_trio.stage.abandoned import AbandonedComputes, ReportsComputes
-from omni_trio.stage.bridge import OutboxSource, SchedulerThread, outbox_source
-from omni_trio.stage.edges import EdgeQueues, edge_count
 from omni_trio.stage.inboxes import purge_inbox, queued_work
 from omni_trio.stage.inputs import AggregatedInput, DirectInput, InputHandler
+from omni_trio.stage.lifecycle import StageLifecycle
 from omni_trio.stage.links import CoordinatorLink, StageLink
 from omni_trio.stage.outbound import Outbound
 from omni_trio.stage.routing import CompiledRouting, compile_routing
 from omni_trio.stage.scopes import RequestScopes
-from omni_trio.stage.sessions import check_append_route, session_operation
+from omni_trio.stage.sessions import SessionAdmission, session_operation
 from omni_trio.stage.stats import StageStats
 from omni_trio.tracing.trace import Tracer, get_logger
 
 log = get_logger(__name__)
-
-#: How long a stopping stage waits for its scheduler thread, then for its drain.
-STOP_GRACE_S = 5.0
-
 
 class StageEndpoint(Protocol):
     """What a stage asks of its process's endpoint (:class:`~omni_trio.control.endpoint.Endpoint`),
@@ -112,9 +106,7 @@ class Stage:
         self._scopes = RequestScopes()
         self._endpoint: StageEndpoint | None = None
         self._bindings: BindingTable | None = None
-        self._unhealthy: str | None = None
         self._abandoned = AbandonedComputes(self.name, scheduler if isinstance(scheduler, ReportsComputes) else None)
-        self._nursery: trio.Nursery | None = None
         self._outbound = Outbound(
             self.name,
             self._routing,
@@ -124,12 +116,10 @@ class Stage:
             stage=self,
             results=scheduler if isinstance(scheduler, ResultOwner) else None,
         )
-
-        self._stop_requested = trio.Event()
-        self._drain_done = trio.Event()
-        #: Set when :meth:`run` has returned.
-        self.stopped = trio.Event()
-        self._thread: SchedulerThread | None = None
+        self._sessions = SessionAdmission(self.name, self._routing, self._scopes, self._outbound, stage=self)
+        self._lifecycle = StageLifecycle(
+            config, scheduler, outbound=self._outbound, abandoned=self._abandoned, stage=self
+        )
         self._allocator: SlotAllocator | None = None
 
     @staticmethod
@@ -177,96 +167,19 @@ class Stage:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the scheduler thread, report ready, serve until :meth:`stop`, then drain."""
-        self._thread = SchedulerThread(self.name, self.scheduler, self._allocator)
-        self._thread.start()
-        await self._thread.warm.wait()
-        if self._thread.warm_up_error is not None:
-            raise StageStartupError(
-                f"stage {self.name!r}: scheduler warm-up failed: {describe_error(self._thread.warm_up_error)}"
-            ) from self._thread.warm_up_error
-        source = outbox_source(self.name, self.scheduler.outbox)
-        source.start()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    await self._serve(nursery, source, task_status)
-                finally:
-                    # The nursery takes no new task once this body is over (an abort arriving while its
-                    # tasks wind down, from another task, must not try to start one there).
-                    self._nursery = None
-        finally:
-            if not self._drain_done.is_set():
-                # Cancelled from outside (Ctrl-C, a failing sibling): still release the threads.
-                self._stop_threads()
-            source.close()  # also after a drain that ended: it releases the source's doorbell
-            self.stopped.set()
+    @property
+    def stopped(self) -> trio.Event:
+        """Set when :meth:`run` has returned."""
+        return self._lifecycle.stopped
 
-    async def _serve(self, nursery: trio.Nursery, source: OutboxSource, task_status: trio.TaskStatus[None]) -> None:
-        """The stage's tasks in ``nursery``: ready, then serving until :meth:`stop`, then shut down."""
-        if edge_count(self.config) > 1:
-            self._outbound.use_lanes(EdgeQueues(nursery))
-        attach_loop = getattr(self.scheduler, "attach_loop", None)
-        if attach_loop is not None:
-            # An ``async def`` compute runs on this loop, in this nursery (scheduling/on_loop.py); its
-            # tasks see the stage's pool, whose ot.empty falls back to torch.empty there (and traces why).
-            with allocating(self._allocator):
-                attach_loop(nursery)
-        nursery.start_soon(self._drain, source)
-        nursery.start_soon(self._watch_scheduler)
-        task_status.started()
-        await self._stop_requested.wait()
-        await self._shutdown()
-        nursery.cancel_scope.cancel()
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the scheduler thread, report ready, serve until :meth:`stop`, then drain
+        (see :class:`~omni_trio.stage.lifecycle.StageLifecycle`)."""
+        await self._lifecycle.run(self._allocator, task_status=task_status)
 
     def stop(self) -> None:
         """Ask the stage to stop: the scheduler stops, published output is still routed."""
-        self._stop_requested.set()
-
-    def _stop_scheduler(self) -> None:
-        try:
-            self.scheduler.stop()
-        except Exception as exc:  # noqa: BLE001 - a faulty stop must not block shutdown
-            log.warning("scheduler_stop_failed", stage=self.name, error=describe_error(exc))
-
-    def _stop_threads(self) -> None:
-        """Stop the scheduler and make an outbox pump's thread exit."""
-        self._stop_scheduler()
-        self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
-
-    async def _shutdown(self) -> None:
-        assert self._thread is not None
-        self._stop_scheduler()
-        with trio.move_on_after(STOP_GRACE_S) as waited:
-            await self._thread.finished.wait()
-        if waited.cancelled_caught:
-            log.warning(
-                "scheduler_thread_still_running",
-                stage=self.name,
-                after_s=STOP_GRACE_S,
-                computing=self._abandoned.describe_running(),
-                note="left behind: it cannot be interrupted; its process exits without it",
-            )
-        if waited.cancelled_caught and isinstance(self.scheduler.outbox, Outbox):
-            # Blocked putting a stream message behind a drain that cannot send (a consumer gone)?
-            self.scheduler.outbox.stop_blocking()
-        # Everything the scheduler published before stopping is still routed, then the drain ends.
-        self.scheduler.outbox.put(OutgoingMessage("", "wakeup"))
-        with trio.move_on_after(STOP_GRACE_S):
-            await self._drain_done.wait()
-
-    async def _watch_scheduler(self) -> None:
-        assert self._thread is not None
-        await self._thread.finished.wait()
-        if self._thread.crash is None or self._stop_requested.is_set():
-            return
-        # The scheduler's loop died: nothing it holds will ever finish.
-        self._unhealthy = f"scheduler crashed: {describe_error(self._thread.crash)}"
-        log.error("scheduler_crashed", stage=self.name, error=self._unhealthy)
-        for request_id in sorted(self.active):
-            await self.send_failure(request_id, self._unhealthy)
+        self._lifecycle.stop()
 
     # ------------------------------------------------------------------ inputs
 
@@ -357,15 +270,15 @@ class Stage:
         request_id = payload.request_id
         if request_id in self.aborted:
             return
-        if self._unhealthy is not None:
-            await self.send_failure(request_id, f"stage is unhealthy: {self._unhealthy}")
+        if self._lifecycle.unhealthy is not None:
+            await self.send_failure(request_id, f"stage is unhealthy: {self._lifecycle.unhealthy}")
             return
         try:
             operation = session_operation(payload)
         except ValueError as exc:
             await self.send_failure(request_id, f"session operation: {describe_error(exc)}")
             return
-        if operation is not None and not await self._admit_session(request_id, payload, operation):
+        if operation is not None and not await self._sessions.admit(request_id, payload, operation):
             return
         if self._tracer.enabled:
             self._tracer.event("stage_dispatch", request_id=request_id, stage=self.name)
@@ -374,26 +287,6 @@ class Stage:
         except Exception as exc:  # noqa: BLE001 - a scheduler refusing one request fails only it
             await self.send_failure(request_id, f"scheduler refused the request: {describe_error(exc)}",
                                     refused=isinstance(exc, QueueFullError))
-
-    async def _admit_session(self, request_id: str, payload: StagePayload, operation: SessionOperation) -> bool:
-        """Abort what the operation preempts; check an append's route and forward it to the next owner."""
-        for preempted in operation.preempted_request_ids:
-            if preempted != request_id:
-                self.on_abort(preempted)
-        if operation.op != "append":
-            return True
-        try:
-            # Checked before computing too: a wrong route must not stream anywhere first.
-            following = check_append_route(
-                operation, self.name, self._routing.stream_to, self._routing.get_next(request_id, payload)
-            )
-            if following is not None:
-                with self._scopes.open(request_id):
-                    await self._outbound.send_payload(request_id, following, payload, single=False)
-        except Exception as exc:  # noqa: BLE001 - a bad route or transport fails only this request
-            await self.send_failure(request_id, f"forwarding the session append: {describe_error(exc)}")
-            return False
-        return request_id not in self.aborted
 
     def _enqueue(self, message: IncomingMessage) -> None:
         if self._scheduler_enqueues:
@@ -468,7 +361,7 @@ class Stage:
                 log.warning(
                     "scheduler_abort_failed", stage=self.name, request_id=request_id, error=describe_error(exc)
                 )
-            self._abandoned.dropped(request_id, self._nursery)
+            self._abandoned.dropped(request_id, self._lifecycle.nursery)
             if self._endpoint is not None:
                 self._endpoint.return_held_credits(self.address, request_id)
 
@@ -505,23 +398,8 @@ class Stage:
             in_flight_sends=self._outbound.in_flight,
             relay_buffers=0 if self._endpoint is None else self._endpoint.relay_in_use(self.address),
             queued_inbox=queued_work(self.scheduler.inbox),
-            healthy=self._unhealthy is None and not stuck,
+            healthy=self._lifecycle.unhealthy is None and not stuck,
             busy_seconds=0.0 if self._busy is None else self._busy.seconds,
             sent_bytes={} if self._transports is None else self._transports.sent_bytes(),
             stuck=stuck,
         )
-
-    # ------------------------------------------------------------------ outbox drain
-
-    async def _drain(self, source: OutboxSource) -> None:
-        try:
-            while True:
-                # No local keeps the batch alive while the next one is awaited: what was sent (an
-                # ot.empty tensor's slot, for one) is freed as soon as it is sent.
-                if await self._outbound.handle_batch(await source.next_batch()):
-                    return
-                source.sent()
-                # Let co-located stages run between batches (SPEC §3.4).
-                await trio.lowlevel.checkpoint()
-        finally:
-            self._drain_done.set()

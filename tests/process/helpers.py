@@ -8,7 +8,7 @@ import os
 import pickle
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,16 @@ def _zombie_of(pid: int, parents: set[int]) -> bool:
         return False
     fields = stat[stat.rfind(")") + 2 :].split()
     return fields[0] == "Z" and int(fields[1]) in parents
+
+
+async def wait_stats(
+    pipeline: ot.Pipeline, within_s: float, done: Callable[[ot.PipelineStats], bool]
+) -> ot.PipelineStats:
+    """``stats()`` once ``done(stats)`` (bounded polling: what it waits for happens in worker processes)."""
+    with trio.fail_after(within_s):
+        while not done(stats := await pipeline.stats()):
+            await trio.sleep(0.05)
+    return stats
 
 
 async def wait_for_file(path: Path, timeout: float = 20.0) -> str:

@@ -13,7 +13,6 @@ stream that its reader dropped without closing it.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -23,16 +22,6 @@ import omni_trio as ot
 from omni_trio.control.audit import REPORT_INTERVAL_S
 from tests.placement import stage
 from tests.process import helpers
-
-
-async def wait_stats(
-    pipeline: ot.Pipeline, within_s: float, done: Callable[[ot.PipelineStats], bool]
-) -> ot.PipelineStats:
-    """``stats()`` once ``done(stats)`` (bounded polling: what it waits for happens in worker processes)."""
-    with trio.fail_after(within_s):
-        while not done(stats := await pipeline.stats()):
-            await trio.sleep(0.05)
-    return stats
 
 
 async def test_a_stage_forgets_a_request_the_coordinator_resolved(ipc_base: Path) -> None:
@@ -50,10 +39,10 @@ async def test_a_stage_forgets_a_request_the_coordinator_resolved(ipc_base: Path
             assert (await pipeline.stats()).live_requests == 0
             # b gets r0 (maybe only after c completed it) and computes on for nobody: its scheduler
             # blocks until the request is aborted ...
-            await wait_stats(pipeline, 10, lambda stats: stats.stages["b"].active_requests == 1)
+            await helpers.wait_stats(pipeline, 10, lambda stats: stats.stages["b"].active_requests == 1)
             # ... until b's process reports what it holds, and the coordinator aborts what it resolved.
             started = trio.current_time()
-            stats = await wait_stats(pipeline, REPORT_INTERVAL_S + 8, lambda stats: stats.idle)
+            stats = await helpers.wait_stats(pipeline, REPORT_INTERVAL_S + 8, lambda stats: stats.idle)
             forgotten_after = trio.current_time() - started
             assert all(counters.healthy for counters in stats.stages.values())
             assert await pipeline.submit("r1", "y") == {"trail": ["y", "a", "c"]}

@@ -60,10 +60,13 @@ async def test_an_abort_while_the_consumer_stalls_returns_the_held_credits(ipc_b
                         await pipeline.submit("doomed", "x")
 
                 nursery.start_soon(doomed)
-                await trio.sleep(0.5)  # the consumer stalls on chunk 0; chunks 1-2 hold the credits
+                # The consumer stalls on chunk 0; chunks 1-2 wait in its inbox, holding the edge's 2 credits.
+                await helpers.wait_stats(
+                    pipeline, 10,
+                    lambda s: s.stages["consumer"].queued_inbox >= 2 and s.stages["producer"].relay_buffers >= 2,
+                )
                 await pipeline.abort("doomed")
             # Every credit of the edge came back: a second stream through it completes (the consumer
             # stalls 1.5 s on its first chunk again).
             check(await pipeline.submit("after", "x"), 32)
-            await trio.sleep(0.1)
-            assert (await pipeline.stats()).idle
+            await helpers.wait_stats(pipeline, 5, lambda s: s.idle)

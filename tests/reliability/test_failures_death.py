@@ -20,7 +20,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.stage.stage import STOP_GRACE_S
+from omni_trio.stage.lifecycle import STOP_GRACE_S
 from tests.process import helpers
 from tests.reliability.failure_stages import M
 

@@ -51,7 +51,7 @@ async def test_stats_answer_promptly_while_a_worker_is_never_idle(ipc_base: Path
                     await pipeline.submit("spin", "x")
 
             nursery.start_soon(looping)
-            await trio.sleep(0.3)
+            await helpers.wait_stats(pipeline, 10, lambda s: s.stages["loop"].active_requests > 0)
             answers = []
             for _ in range(5):
                 started = time.monotonic()

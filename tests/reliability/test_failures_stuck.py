@@ -15,7 +15,7 @@ import trio
 
 import omni_trio as ot
 from omni_trio.stage.abandoned import STUCK_AFTER_S
-from omni_trio.stage.stage import STOP_GRACE_S
+from omni_trio.stage.lifecycle import STOP_GRACE_S
 from tests.core.test_abort import autojump
 from tests.process import helpers
 from tests.reliability.failure_stages import M

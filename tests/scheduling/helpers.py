@@ -52,6 +52,13 @@ def assert_quiet(outbox: queue.Queue[OutgoingMessage], seconds: float = 0.2) -> 
         raise AssertionError(f"unexpected output {unexpected!r}")
 
 
+def served_one(scheduler: Any) -> None:
+    """Run one request through a started scheduler whose compute returns its payload: once its result
+    is out, ``start()`` is serving and, with nothing else queued, waits on its inbox."""
+    scheduler.enqueue(new_request("served-one"))
+    assert get(scheduler.outbox).request_id == "served-one"
+
+
 @contextlib.contextmanager
 def serving(scheduler: Any) -> Iterator[threading.Thread]:
     """Run ``scheduler.start()`` on a thread; stop it and check it ended on exit."""

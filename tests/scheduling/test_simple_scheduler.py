@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from omni_trio.payload import StagePayload
-from omni_trio.scheduling import IncomingMessage, SimpleScheduler, StageScheduler
+from omni_trio.scheduling import Inbox, IncomingMessage, SimpleScheduler, StageScheduler
 
-from .helpers import TIMEOUT, assert_quiet, get, get_n, new_request, serving
+from .helpers import TIMEOUT, assert_quiet, get, get_n, new_request, served_one, serving
 
 
 def tag(payload: StagePayload, value: Any) -> StagePayload:
@@ -309,7 +309,7 @@ def test_stop_wakes_blocked_start_promptly(max_concurrency: int) -> None:
     )
     thread = threading.Thread(target=scheduler.start, daemon=True)
     thread.start()
-    time.sleep(0.05)  # let start() block on the inbox
+    served_one(scheduler)  # start() now blocks on the inbox
     scheduler.stop()
     thread.join(2)
     assert not thread.is_alive()
@@ -321,8 +321,10 @@ def test_stop_wakes_a_batching_window() -> None:
     scheduler = batch_size_scheduler(max_batch_size=4, max_batch_wait_ms=60_000, batch_wait_when_idle=True)
     thread = threading.Thread(target=scheduler.start, daemon=True)
     thread.start()
-    scheduler.enqueue(new_request("r1"))
-    time.sleep(0.05)
+    taken = threading.Event()
+    assert isinstance(scheduler.inbox, Inbox)
+    scheduler.inbox.put_tracked(new_request("r1"), taken.set)
+    assert taken.wait(TIMEOUT)  # r1 opened the window: the loop now waits 60 s for joiners
     scheduler.stop()
     thread.join(2)
     assert not thread.is_alive()

@@ -307,7 +307,9 @@ def test_stop_wakes_blocked_start() -> None:
     scheduler = ToyVocoderScheduler()
     thread = threading.Thread(target=scheduler.start, daemon=True)
     thread.start()
-    time.sleep(0.05)
+    scheduler.enqueue(new_request("warm"))
+    scheduler.enqueue(done("warm"))
+    assert get(scheduler.outbox).type == "result"  # start() served a request: it now blocks on its inbox
     scheduler.stop()
     thread.join(2)
     assert not thread.is_alive()

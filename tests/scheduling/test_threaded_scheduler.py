@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from omni_trio.payload import StagePayload
-from omni_trio.scheduling import StageScheduler, ThreadedSimpleScheduler
+from omni_trio.scheduling import Inbox, StageScheduler, ThreadedSimpleScheduler
 
-from .helpers import TIMEOUT, assert_quiet, get, get_n, new_request, serving
+from .helpers import TIMEOUT, assert_quiet, get, get_n, new_request, served_one, serving
 
 
 class Gate:
@@ -109,12 +109,12 @@ def test_abort_of_pending_request_frees_its_slot_at_once() -> None:
     with serving(scheduler):
         scheduler.enqueue(new_request("a"))
         gate.wait_started(1)
-        scheduler.enqueue(new_request("b"))
+        taken = threading.Event()
+        assert isinstance(scheduler.inbox, Inbox)
+        scheduler.inbox.put_tracked(new_request("b"), taken.set)
         scheduler.abort("a")
         # The slot is free, so "b" is taken and handed to the pool while "a" still runs.
-        deadline = time.monotonic() + TIMEOUT
-        while scheduler.inbox.qsize() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert taken.wait(TIMEOUT)
         assert scheduler.inbox.qsize() == 0
         gate.release.set()
         out = get(scheduler.outbox)
@@ -183,7 +183,7 @@ def test_stop_wakes_capacity_wait_and_blocked_get() -> None:
     idle = ThreadedSimpleScheduler(lambda p: p)
     thread = threading.Thread(target=idle.start, daemon=True)
     thread.start()
-    time.sleep(0.05)  # blocked on inbox.get()
+    served_one(idle)  # now blocked on inbox.get()
     idle.stop()
     thread.join(2)
     assert not thread.is_alive()
