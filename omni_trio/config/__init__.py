@@ -12,7 +12,13 @@ by :func:`check_imports` when a pipeline opens. :func:`load_config` and
 from omni_trio.config.load import load_config
 from omni_trio.config.pipeline import PipelineConfig, check_imports, process_edges
 from omni_trio.config.processes import DEFAULT_RESTART_BACKOFF_S, RESTART_POLICIES
-from omni_trio.config.settings import MIN_MESSAGE_BYTES, EndpointsConfig, ServeConfig, StreamDeliveryConfig
+from omni_trio.config.settings import (
+    MIN_MESSAGE_BYTES,
+    EndpointsConfig,
+    ServeConfig,
+    SocketLimits,
+    StreamDeliveryConfig,
+)
 from omni_trio.config.stages import MAIN_PROCESS, REPLICA_PLACEHOLDER, REPLICA_SUFFIX, CommConfig, StageConfig
 
 __all__ = [
@@ -26,6 +32,7 @@ __all__ = [
     "EndpointsConfig",
     "PipelineConfig",
     "ServeConfig",
+    "SocketLimits",
     "StageConfig",
     "StreamDeliveryConfig",
     "check_imports",

@@ -15,10 +15,19 @@ import openai
 import pytest
 import trio
 
-from tests.serve.voice_server import MODEL, VoiceServer, speech_pcm16, voice_server, words
+from tests.serve.voice_server import (
+    MODEL,
+    VoiceServer,
+    realtime_client,
+    send_audio,
+    silence,
+    speech_pcm16,
+    until,
+    voice_server,
+    words,
+)
 
 SAID = "one two three four five"
-CHUNK = 24_000 * 2 // 10  # 100 ms of PCM16 at 24 kHz
 
 
 @pytest.fixture(scope="module")
@@ -28,34 +37,21 @@ def server() -> Iterator[VoiceServer]:
 
 
 def _client(server: VoiceServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key="unused", websocket_base_url=server.ws_url, max_retries=0)
-
-
-async def _until(connection: Any, kind: str, seen: list[Any]) -> Any:
-    async for event in connection:
-        seen.append(event)
-        if event.type == kind:
-            return event
-    raise AssertionError(f"the connection closed before {kind}")
-
-
-async def _send_audio(connection: Any, pcm: bytes) -> None:
-    for start in range(0, len(pcm), CHUNK):
-        await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + CHUNK]).decode())
+    return realtime_client(server.ws_url)
 
 
 def test_a_manual_turn_is_transcribed_and_answered_in_speech(server: VoiceServer) -> None:
     async def main() -> list[Any]:
         seen: list[Any] = []
         async with _client(server).realtime.connect(model=MODEL) as connection:
-            created = await _until(connection, "session.created", seen)
+            created = await until(connection, "session.created", seen)
             assert created.session.model == MODEL
             await connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-            await _until(connection, "session.updated", seen)
-            await _send_audio(connection, speech_pcm16(SAID))
+            await until(connection, "session.updated", seen)
+            await send_audio(connection, speech_pcm16(SAID))
             await connection.input_audio_buffer.commit()
             await connection.response.create()
-            await _until(connection, "response.done", seen)
+            await until(connection, "response.done", seen)
         return seen
 
     seen = asyncio.run(asyncio.wait_for(main(), 120))
@@ -70,17 +66,13 @@ def test_a_manual_turn_is_transcribed_and_answered_in_speech(server: VoiceServer
     assert seen[-1].response.status == "completed"
 
 
-def _silence(seconds: float) -> bytes:
-    return b"\0\0" * int(24_000 * seconds)
-
-
 def test_server_vad_commits_the_turn_and_answers(server: VoiceServer) -> None:
     async def main() -> list[Any]:
         seen: list[Any] = []
         async with _client(server).realtime.connect(model=MODEL) as connection:
-            await _until(connection, "session.created", seen)
-            await _send_audio(connection, _silence(0.5) + speech_pcm16(SAID) + _silence(1.0))
-            await _until(connection, "response.done", seen)
+            await until(connection, "session.created", seen)
+            await send_audio(connection, silence(0.5) + speech_pcm16(SAID) + silence(1.0))
+            await until(connection, "response.done", seen)
         return seen
 
     seen = asyncio.run(asyncio.wait_for(main(), 120))
@@ -96,11 +88,11 @@ def test_speech_during_an_answer_cancels_it(server: VoiceServer) -> None:
     async def main() -> list[Any]:
         seen: list[Any] = []
         async with _client(server).realtime.connect(model=MODEL) as connection:
-            await _until(connection, "session.created", seen)
-            await _send_audio(connection, speech_pcm16(SAID) + _silence(1.0))
-            await _until(connection, "response.output_audio.delta", seen)
-            await _send_audio(connection, speech_pcm16("stop"))
-            done = await _until(connection, "response.done", seen)
+            await until(connection, "session.created", seen)
+            await send_audio(connection, speech_pcm16(SAID) + silence(1.0))
+            await until(connection, "response.output_audio.delta", seen)
+            await send_audio(connection, speech_pcm16("stop"))
+            done = await until(connection, "response.done", seen)
             assert done.response.status == "cancelled"
         return seen
 
@@ -113,20 +105,20 @@ def test_bad_events_get_errors_and_the_session_goes_on(server: VoiceServer) -> N
     async def main() -> list[Any]:
         seen: list[Any] = []
         async with _client(server).realtime.connect(model=MODEL) as connection:
-            await _until(connection, "session.created", seen)
+            await until(connection, "session.created", seen)
             await connection.send({"type": "input_audio_buffer.append", "audio": "not base64!", "event_id": "e1"})
-            seen.append(await _until(connection, "error", []))
+            seen.append(await until(connection, "error", []))
             await connection.send({"type": "input_audio_buffer.commit", "event_id": "e2"})
-            seen.append(await _until(connection, "error", []))
+            seen.append(await until(connection, "error", []))
             await connection.send({"type": "response.cancel", "event_id": "e3"})
-            seen.append(await _until(connection, "error", []))
+            seen.append(await until(connection, "error", []))
             await connection.session.update(session={"type": "realtime", "audio": {"input": {
                 "format": {"type": "audio/pcm", "rate": 16000}}}}, event_id="e4")
-            seen.append(await _until(connection, "error", []))
+            seen.append(await until(connection, "error", []))
             await connection.send({"type": "no.such.event", "event_id": "e5"})
-            seen.append(await _until(connection, "error", []))
+            seen.append(await until(connection, "error", []))
             await connection.session.update(session={"type": "realtime", "output_modalities": ["text"]})
-            seen.append(await _until(connection, "session.updated", []))
+            seen.append(await until(connection, "session.updated", []))
         return seen
 
     seen = asyncio.run(asyncio.wait_for(main(), 60))
@@ -139,9 +131,9 @@ def test_bad_events_get_errors_and_the_session_goes_on(server: VoiceServer) -> N
 def test_disconnect_closes_the_session_and_aborts_the_answer(server: VoiceServer) -> None:
     async def main() -> None:
         async with _client(server).realtime.connect(model=MODEL) as connection:
-            await _until(connection, "session.created", [])
-            await _send_audio(connection, speech_pcm16(SAID) + _silence(1.0))
-            await _until(connection, "response.output_audio.delta", [])
+            await until(connection, "session.created", [])
+            await send_audio(connection, speech_pcm16(SAID) + silence(1.0))
+            await until(connection, "response.output_audio.delta", [])
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
