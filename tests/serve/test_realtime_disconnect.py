@@ -34,13 +34,11 @@ def base() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def _leave_mid_answer(ws_url: str) -> str:
+async def _leave_mid_answer(ws_url: str) -> None:
     async with realtime_client(ws_url).realtime.connect(model=MODEL) as connection:
         await until(connection, "session.created", [])
         await send_audio(connection, speech_pcm16("one two three four five") + silence(1.0))
-        created = await until(connection, "response.created", [])
         await until(connection, "response.output_audio.delta", [])
-    return str(created.response.id)
 
 
 def test_disconnect_closes_the_session_and_aborts_the_answer(base: Path) -> None:
@@ -57,12 +55,11 @@ def test_disconnect_closes_the_session_and_aborts_the_answer(base: Path) -> None
                     address = await nursery.start(
                         functools.partial(ot.serve_http, pipeline, config, "127.0.0.1", 0, shutdown=shutdown))
                     ws_url = address.url.replace("http://", "ws://") + "/v1"
-                    answer_id = await trio.to_thread.run_sync(lambda: asyncio.run(_leave_mid_answer(ws_url)))
+                    await trio.to_thread.run_sync(lambda: asyncio.run(_leave_mid_answer(ws_url)))
                     shutdown.set()
                     stopping = trio.current_time()
                 # Returned well before the grace period would have cut the connection's task short.
                 assert trio.current_time() - stopping < GRACE_S / 2
-                assert answer_id not in pipeline.live_request_ids()
                 assert (await pipeline.stats()).live_requests == 0
 
     with nothing_left_behind(base):
