@@ -43,8 +43,8 @@ class SocketLimits:
     code 1009 beyond it); ``max_turn_audio_s`` and ``max_session_audio_s``
     bound the input audio of one turn and of a whole realtime session (beyond
     them appends are refused with an ``error`` event); ``idle_timeout_s`` closes
-    a connection that sent nothing for that long (code 1000, after an
-    ``error`` event); ``max_realtime_sessions`` bounds the realtime
+    a connection that sent nothing for that long while no answer was under
+    way (code 1000, after an ``error`` event); ``max_realtime_sessions`` bounds the realtime
     connections open at once (one more gets an ``error`` event and code 1013,
     "try again later"); ``output_lead_s`` is how far ahead of real time a
     realtime answer's audio is sent, so a barge-in cuts what the listener has
