@@ -16,6 +16,7 @@ from omni_trio.config.settings import (
     MIN_MESSAGE_BYTES,
     EndpointsConfig,
     ServeConfig,
+    SocketLimits,
     StreamAdmissionConfig,
     StreamDeliveryConfig,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "EndpointsConfig",
     "PipelineConfig",
     "ServeConfig",
+    "SocketLimits",
     "StageConfig",
     "StreamAdmissionConfig",
     "StreamDeliveryConfig",

@@ -18,6 +18,7 @@ from omni_trio.config.settings import (
     STREAM_ADMISSION_MODES,
     EndpointsConfig,
     ServeConfig,
+    SocketLimits,
     StreamAdmissionConfig,
     StreamDeliveryConfig,
 )
@@ -358,6 +359,25 @@ def serve_problems(serve: object) -> list[ConfigProblem]:
     retry = serve.retry_after_s
     if not _is_whole(retry, 0):
         problems.append(ConfigProblem("serve.retry_after_s", f"expected a whole number >= 0, got {retry!r}"))
+    problems += socket_limits_problems(serve.sockets)
+    return problems
+
+
+def socket_limits_problems(limits: object, path: str = "serve.sockets") -> list[ConfigProblem]:
+    """The problems of the WebSocket limits (``serve.sockets``), with their paths."""
+    if not isinstance(limits, SocketLimits):
+        return [ConfigProblem(path, f"expected a SocketLimits, got {type(limits).__name__}")]
+    problems = []
+    for name in ("max_message_bytes", "max_realtime_sessions", "max_text_chars"):
+        value = getattr(limits, name)
+        if not _is_whole(value, 1):
+            problems.append(ConfigProblem(f"{path}.{name}", f"expected a whole number >= 1, got {value!r}"))
+    for name in ("max_turn_audio_s", "max_session_audio_s", "idle_timeout_s"):
+        value = getattr(limits, name)
+        if not _is_seconds(value, positive=True):
+            problems.append(ConfigProblem(f"{path}.{name}", f"expected seconds > 0, got {value!r}"))
+    if not _is_seconds(limits.output_lead_s):
+        problems.append(ConfigProblem(f"{path}.output_lead_s", f"expected seconds >= 0, got {limits.output_lead_s!r}"))
     return problems
 
 

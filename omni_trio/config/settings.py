@@ -1,6 +1,7 @@
 """The pipeline-wide settings: its IPC sockets (:class:`EndpointsConfig`), the stream output it buffers for
 slow readers (:class:`StreamDeliveryConfig`), when it refuses new streams (:class:`StreamAdmissionConfig`),
-and its HTTP front end (:class:`ServeConfig`)."""
+and its HTTP front end (:class:`ServeConfig`, with the bounds of its WebSocket endpoints,
+:class:`SocketLimits`)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,32 @@ class StreamAdmissionConfig:
 
 
 @attrs.frozen
+class SocketLimits:
+    """What one WebSocket client of the server may use (``[serve.sockets]`` in a config file).
+
+    ``max_message_bytes`` bounds one message (the connection is closed with
+    code 1009 beyond it); ``max_turn_audio_s`` and ``max_session_audio_s``
+    bound the input audio of one turn and of a whole realtime session (beyond
+    them appends are refused with an ``error`` event); ``idle_timeout_s`` closes
+    a connection that sent nothing for that long while no answer was under
+    way (code 1000, after an ``error`` event); ``max_realtime_sessions`` bounds the realtime
+    connections open at once (one more gets an ``error`` event and code 1013,
+    "try again later"); ``output_lead_s`` is how far ahead of real time a
+    realtime answer's audio is sent, so a barge-in cuts what the listener has
+    not heard yet; ``max_text_chars`` bounds the text a speech socket holds
+    before it is spoken.
+    """
+
+    max_message_bytes: int = 4 << 20
+    max_turn_audio_s: float = 120.0
+    max_session_audio_s: float = 3600.0
+    idle_timeout_s: float = 300.0
+    max_realtime_sessions: int = 64
+    output_lead_s: float = 1.0
+    max_text_chars: int = 256 * 1024
+
+
+@attrs.frozen
 class ServeConfig:
     """The HTTP front end of a pipeline (``omni-trio serve``, :func:`omni_trio.serve`).
 
@@ -72,7 +99,8 @@ class ServeConfig:
     request body (413 beyond it); ``grace_period_s`` is how long in-flight
     requests may finish once the server is asked to stop; ``deadline_s`` is
     the default per-request deadline (504 on expiry; ``None``: none);
-    ``retry_after_s`` is the ``Retry-After`` of a 429.
+    ``retry_after_s`` is the ``Retry-After`` of a 429; ``sockets`` bounds the
+    WebSocket endpoints (``/v1/realtime``, ``/v1/audio/speech/stream``).
     """
 
     model: str
@@ -82,4 +110,5 @@ class ServeConfig:
     grace_period_s: float = 10.0
     deadline_s: float | None = None
     retry_after_s: int = 1
+    sockets: SocketLimits = attrs.field(factory=SocketLimits)
 

@@ -51,11 +51,13 @@ async def serve_http(
     ``shutdown`` is set the server stops accepting connections and gives
     requests in flight ``grace_period_s`` to finish; those still running
     then are aborted. Cancelling it aborts them at once. ``limits`` bounds the
-    WebSocket endpoints (:class:`SocketLimits`; its defaults when None).
+    WebSocket endpoints (:class:`SocketLimits`; None: the config's ``serve.sockets``).
     """
-    from omni_trio.serve.server import run_server
+    from omni_trio.serve.limits import limits_for
+    from omni_trio.serve.server import run_server, serve_config_of
 
-    await run_server(pipeline, config, host, port, shutdown, task_status, limits or SocketLimits())
+    await run_server(pipeline, config, host, port, shutdown, task_status,
+                     limits_for(serve_config_of(config), limits))
 
 
 __all__ = [

@@ -1,31 +1,22 @@
-"""The bounds of the server's WebSocket endpoints (``/v1/realtime``, ``/v1/audio/speech/stream``)."""
+"""The bounds of the server's WebSocket endpoints (``/v1/realtime``, ``/v1/audio/speech/stream``).
+
+:class:`SocketLimits` lives with the rest of the serve settings
+(``ServeConfig.sockets``, ``[serve.sockets]`` in a config file); an explicit
+``serve_http(..., limits=)`` takes precedence over it.
+"""
 
 from __future__ import annotations
 
-import attrs
+from omni_trio.config import ServeConfig, SocketLimits
+
+__all__ = ["MESSAGE_TOO_BIG", "TRY_AGAIN_LATER", "SocketLimits", "limits_for"]
+
+#: The close code of a connection refused for now (RFC 6455 "try again later").
+TRY_AGAIN_LATER = 1013
+#: The close code of a message over ``max_message_bytes`` (RFC 6455 "message too big").
+MESSAGE_TOO_BIG = 1009
 
 
-@attrs.frozen
-class SocketLimits:
-    """What one WebSocket client may use.
-
-    ``max_message_bytes`` bounds one message (hypercorn closes the connection
-    with code 1009 beyond it); ``max_turn_audio_s`` and ``max_session_audio_s``
-    bound the input audio of one turn and of a whole realtime session (beyond
-    them appends are refused with an ``error`` event); ``idle_timeout_s`` closes
-    a connection that sent nothing for that long (code 1000, after an
-    ``error`` event); ``max_realtime_sessions`` bounds the realtime
-    connections open at once (one more gets an ``error`` event and code 1013,
-    "try again later"); ``output_lead_s`` is how far ahead of real time a
-    realtime answer's audio is sent, so a barge-in cuts what the listener has
-    not heard yet; ``max_text_chars`` bounds the text a speech socket holds
-    before it is spoken.
-    """
-
-    max_message_bytes: int = 4 << 20
-    max_turn_audio_s: float = 120.0
-    max_session_audio_s: float = 3600.0
-    idle_timeout_s: float = 300.0
-    max_realtime_sessions: int = 64
-    output_lead_s: float = 1.0
-    max_text_chars: int = 256 * 1024
+def limits_for(config: ServeConfig, given: SocketLimits | None) -> SocketLimits:
+    """The limits a server applies: ``given`` (``serve_http(limits=)``) or else the config's ``sockets``."""
+    return config.sockets if given is None else given

@@ -7,6 +7,7 @@ with ``asyncio.run`` while the server runs its own ``trio.run`` here.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import threading
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 import attrs
 import numpy as np
+import openai
 import soxr
 import trio
 
@@ -25,6 +27,7 @@ from omni_trio.serve.limits import SocketLimits
 
 T = TypeVar("T")
 MODEL = "omni-voice"
+CHUNK = 24_000 * 2 // 10  # 100 ms of PCM16 at 24 kHz
 
 
 @attrs.define
@@ -99,3 +102,28 @@ def speech_pcm16(text: str, rate: int = 24_000) -> bytes:
 def words(text: str) -> set[str]:
     """The lower-case words of ``text``."""
     return {w.strip(".,!?").lower() for w in text.split()} - {""}
+
+
+def silence(seconds: float) -> bytes:
+    """``seconds`` of PCM16 silence at 24 kHz."""
+    return b"\0\0" * int(24_000 * seconds)
+
+
+def realtime_client(ws_url: str) -> openai.AsyncOpenAI:
+    """The official client, its realtime connection aimed at ``ws_url`` (``ws://HOST:PORT/v1``)."""
+    return openai.AsyncOpenAI(api_key="unused", websocket_base_url=ws_url, max_retries=0)
+
+
+async def until(connection: Any, kind: str, seen: list[Any]) -> Any:
+    """Read server events into ``seen`` up to the first of type ``kind``, and return it."""
+    async for event in connection:
+        seen.append(event)
+        if event.type == kind:
+            return event
+    raise AssertionError(f"the connection closed before {kind}")
+
+
+async def send_audio(connection: Any, pcm: bytes) -> None:
+    """Append ``pcm`` (PCM16 at 24 kHz) to the input audio buffer in 100 ms pieces."""
+    for start in range(0, len(pcm), CHUNK):
+        await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + CHUNK]).decode())

@@ -111,6 +111,8 @@ class Connection:
             message = None
             with trio.move_on_after(self._limits.idle_timeout_s):
                 message = await self._ws.receive()
+            if message is None and self._response is not None:
+                continue  # a client listening to an answer is not idle
             if message is None:
                 await self.error(BadEvent(f"no event for {self._limits.idle_timeout_s} s; closing",
                                           code="idle_timeout"))

@@ -10,14 +10,11 @@ from omni_trio.coordinator.pipeline import Pipeline
 from omni_trio.errors import OmniTrioError, describe_error
 from omni_trio.serve.adapter import ServeAdapter
 from omni_trio.serve.events import dumps
-from omni_trio.serve.limits import SocketLimits
+from omni_trio.serve.limits import TRY_AGAIN_LATER, SocketLimits
 from omni_trio.serve.listening import Listener, not_transcribing
 from omni_trio.serve.metrics import Metrics
 from omni_trio.serve.realtime.connection import Connection
 from omni_trio.serve.realtime.session import RATE
-
-#: The close code of a connection refused for now (RFC 6455 "try again later").
-TRY_AGAIN_LATER = 1013
 
 
 class Realtime:
