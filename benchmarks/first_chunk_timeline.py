@@ -108,7 +108,7 @@ def _wrap_step(module: str, qualname: str, label: str) -> None:
 
 def _wake_marks() -> None:
     """Mark a loop's wake-up (its wait for a readable socket returned) and each message read off a link."""
-    from omni_trio.control.sockets import unix_link
+    from omni_trio.control.sockets import unix_inbox
 
     wait_readable = trio.lowlevel.wait_readable
 
@@ -117,15 +117,15 @@ def _wake_marks() -> None:
         mark("loop woken")
 
     trio.lowlevel.wait_readable = marked_wait_readable
-    recv_nowait = unix_link.UnixPull.recv_nowait
+    recv_nowait = unix_inbox.UnixPull.recv_nowait
 
-    def marked_recv_nowait(self: unix_link.UnixPull) -> list[bytes] | None:
+    def marked_recv_nowait(self: unix_inbox.UnixPull) -> list[bytes] | None:
         message = recv_nowait(self)
         if message is not None:
             mark("message read")
         return message
 
-    unix_link.UnixPull.recv_nowait = marked_recv_nowait  # type: ignore[method-assign]
+    unix_inbox.UnixPull.recv_nowait = marked_recv_nowait  # type: ignore[method-assign]
 
 
 def _install() -> None:

@@ -30,7 +30,8 @@ import time
 import trio
 import zmq
 
-from omni_trio.control.sockets.unix_link import UnixPull, UnixPush
+from omni_trio.control.sockets.unix_inbox import UnixPull
+from omni_trio.control.sockets.unix_link import UnixPush
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.wire.auth import FrameMac
 

@@ -301,16 +301,31 @@ def stream_admission_problems(admission: StreamAdmissionConfig) -> list[ConfigPr
 
 
 def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
-    """The problem of ``endpoints.max_message_bytes``, if an inline message would not fit."""
+    """The problems of ``endpoints``: a ``max_message_bytes`` an inline message would not fit, and the
+    inbox's limits (counts, times, bytes), with their paths."""
+    problems = []
     size = endpoints.max_message_bytes
-    if _is_whole(size, MIN_MESSAGE_BYTES):
-        return []
-    return [
-        ConfigProblem(
+    if not _is_whole(size, MIN_MESSAGE_BYTES):
+        problems.append(ConfigProblem(
             "endpoints.max_message_bytes",
             f"expected a whole number of bytes >= {MIN_MESSAGE_BYTES} (inline messages must fit), got {size!r}",
-        )
-    ]
+        ))
+    if not _is_whole(endpoints.max_unproven_connections, 1):
+        problems.append(ConfigProblem(
+            "endpoints.max_unproven_connections",
+            f"expected a whole number >= 1, got {endpoints.max_unproven_connections!r}",
+        ))
+    for name in ("proof_timeout_s", "message_timeout_s"):
+        value = getattr(endpoints, name)
+        if not _is_seconds(value, positive=True):
+            problems.append(ConfigProblem(f"endpoints.{name}", f"expected seconds > 0, got {value!r}"))
+    unfinished = endpoints.max_unfinished_bytes
+    if not _is_whole(unfinished, size if _is_whole(size, MIN_MESSAGE_BYTES) else MIN_MESSAGE_BYTES):
+        problems.append(ConfigProblem(
+            "endpoints.max_unfinished_bytes",
+            f"expected a whole number of bytes >= max_message_bytes (one message must fit), got {unfinished!r}",
+        ))
+    return problems
 
 
 def start_method_problems(method: object) -> list[ConfigProblem]:

@@ -21,10 +21,21 @@ class EndpointsConfig:
     """The run's IPC sockets: where the per-run IPC directory is created (``None``: the system temp
     dir), and the largest part of a control message they accept (``max_message_bytes``; a bigger one
     is refused by the receiving socket, and the sender fails its request with ``MessageTooLarge``).
+
+    What a process's inbox lets connections hold (whoever can reach its socket can connect; only the
+    run's processes can seal a message, which proves a connection): ``max_unproven_connections``
+    connections that have not delivered a sealed message yet (a newer one evicts the oldest),
+    ``proof_timeout_s`` for a connection to deliver one, ``message_timeout_s`` for a message, once
+    begun, to complete, and ``max_unfinished_bytes`` of unfinished messages, all connections together.
+    A connection past a limit is closed and counted in ``stats().refused_connections``.
     """
 
     base_path: str | None = None
     max_message_bytes: int = 64 << 20
+    max_unproven_connections: int = 64
+    proof_timeout_s: float = 5.0
+    message_timeout_s: float = 30.0
+    max_unfinished_bytes: int = 256 << 20
 
 
 @attrs.frozen

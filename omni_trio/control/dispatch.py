@@ -27,7 +27,7 @@ Handler = Callable[[Any], Awaitable[None]]
 
 class MessageSource(Protocol):
     """What a receive loop reads: a :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` (``tcp://``) or a
-    :class:`~omni_trio.control.sockets.unix_link.UnixPull` (this host)."""
+    :class:`~omni_trio.control.sockets.unix_inbox.UnixPull` (this host)."""
 
     async def recv_multipart(self) -> list[bytes]:
         """One message; raises trio.ClosedResourceError once closed."""

@@ -322,6 +322,12 @@ class Endpoint:
         return self._peers.refused
 
     @property
+    def refused_connections(self) -> int:
+        """Connections this process's inboxes closed for their limits
+        (:attr:`Peers.refused_connections <omni_trio.control.peers.Peers.refused_connections>`)."""
+        return self._peers.refused_connections
+
+    @property
     def undeliverable(self) -> int:
         """Messages dropped because nobody listened at a same-host peer's inbox (a dead worker)."""
         return self._peers.undeliverable

@@ -112,6 +112,12 @@ class Peers:
         return self._sockets.policy.auth.refused + self._sockets.refused_streams
 
     @property
+    def refused_connections(self) -> int:
+        """Connections this process's inboxes closed for their limits (:attr:`SocketBackend.refused_connections
+        <omni_trio.control.sockets.base.SocketBackend.refused_connections>`)."""
+        return self._sockets.refused_connections
+
+    @property
     def undeliverable(self) -> int:
         """Messages dropped because nobody listened at a same-host peer's inbox (a dead worker)."""
         return self._sockets.undeliverable

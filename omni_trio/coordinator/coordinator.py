@@ -294,6 +294,7 @@ class Coordinator:
             refused_streams=self._refused_streams,
             down_replicas=down_replicas,
             refused_frames=self._placement.refused_frames(),
+            refused_connections=self._placement.refused_connections(),
             undeliverable=self._placement.undeliverable(),
             superseded_messages=self._placement.superseded_messages(),
             sent_bytes=self._placement.sent_bytes(),

@@ -38,6 +38,9 @@ class Placement(Protocol):
     def refused_frames(self) -> dict[str, int]:
         """Per process, the messages refused for want of the run's proof (none without sockets)."""
 
+    def refused_connections(self) -> dict[str, int]:
+        """Per process, the connections its inbox closed for its limits (none without sockets)."""
+
     def undeliverable(self) -> dict[str, int]:
         """Per process, the messages dropped because nobody listened at a peer's path (none without sockets)."""
 

@@ -58,6 +58,10 @@ class PipelineStats:
     #: Bytes of the stream events queued for streaming callers and not read yet, all requests together
     #: (what ``stream_delivery.max_total_backlog_bytes`` caps; see :mod:`omni_trio.coordinator.stream_backlog`).
     stream_backlog_bytes: int = 0
+    #: Per process, the connections its inbox closed for the limits of ``endpoints`` (unproven too long or
+    #: too many, a message unfinished too long or over the unfinished-bytes cap, no descriptor free); empty
+    #: when every stage is embedded.
+    refused_connections: dict[str, int] = attrs.field(factory=dict)
 
     @property
     def degraded(self) -> bool:

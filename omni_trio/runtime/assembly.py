@@ -23,6 +23,7 @@ from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.links import RemoteStageLink
 from omni_trio.control.sockets.host import HostSockets
+from omni_trio.control.sockets.limits import inbox_limits
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.wire.auth import FrameMac
 from omni_trio.control.wire.curve import Curve, CurveKeys
@@ -160,6 +161,7 @@ def endpoint_for(
         FrameMac(secret, process=process, tracer=tracer),
         config.endpoints.max_message_bytes,
         None if curve is None else Curve(curve, process=process),
+        inbox_limits(config.endpoints),
     )
     return Endpoint(
         process=process,

@@ -59,6 +59,10 @@ class EmbeddedPlacement:
         """No sockets, nothing to refuse."""
         return {}
 
+    def refused_connections(self) -> dict[str, int]:
+        """No sockets, nobody connects."""
+        return {}
+
     def undeliverable(self) -> dict[str, int]:
         """No sockets, nothing to drop."""
         return {}

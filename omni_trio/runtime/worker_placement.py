@@ -69,6 +69,8 @@ class WorkerPlacement:
         self._tokens = itertools.count()
         #: Each worker's refused frames, as of its last stats reply.
         self._refused: dict[str, int] = {}
+        #: Each worker's refused connections, as of its last stats reply.
+        self._refused_connections: dict[str, int] = {}
         #: Each worker's undeliverable messages, as of its last stats reply.
         self._undeliverable: dict[str, int] = {}
         #: Submits waiting for a restarting process, by request id: an abort releases them.
@@ -231,6 +233,10 @@ class WorkerPlacement:
         as of stats())."""
         return {MAIN_PROCESS: self._endpoint.refused, **self._refused}
 
+    def refused_connections(self) -> dict[str, int]:
+        """Per process, the connections its inbox closed for its limits (workers: as of stats())."""
+        return {MAIN_PROCESS: self._endpoint.refused_connections, **self._refused_connections}
+
     def undeliverable(self) -> dict[str, int]:
         """Per process, the messages it dropped because nobody listened at a peer's path (workers: as of
         stats())."""
@@ -248,6 +254,7 @@ class WorkerPlacement:
         replies = self._stats.get(message.token)
         if replies is not None:
             self._refused[message.process] = message.refused_frames
+            self._refused_connections[message.process] = message.refused_connections
             self._undeliverable[message.process] = message.undeliverable
             replies.stages.update(message.stages)
             replies.arrived(message.process)

@@ -26,6 +26,7 @@ BUSY_NAME = "omni_trio_stage_busy_seconds"
 EDGE_NAME = "omni_trio_edge_bytes"
 BACKLOG_NAME = "omni_trio_stream_backlog_bytes"
 REFUSED_STREAMS_NAME = "omni_trio_streams_refused"
+REFUSED_CONNECTIONS_NAME = "omni_trio_refused_connections"
 
 
 class _Gains:
@@ -43,10 +44,10 @@ class _Gains:
 
 
 class RuntimeTotals(Collector):
-    """``omni_trio_stage_busy_seconds_total{stage}``, ``omni_trio_edge_bytes_total{from_stage,to_stage,transport}``
-    the gauge ``omni_trio_stream_backlog_bytes`` (the last snapshot's unread stream bytes) and
-    ``omni_trio_streams_refused_total`` (streams refused by ``stream_admission``; the coordinator's own
-    count, which no worker restart resets).
+    """``omni_trio_stage_busy_seconds_total{stage}``, ``omni_trio_edge_bytes_total{from_stage,to_stage,transport}``,
+    ``omni_trio_refused_connections_total{process}``, the gauge ``omni_trio_stream_backlog_bytes`` (the last
+    snapshot's unread stream bytes) and ``omni_trio_streams_refused_total`` (streams refused by
+    ``stream_admission``; the coordinator's own count, which no worker restart resets).
 
     Call :meth:`observe` with each new snapshot, one at a time, in the order
     they were taken; ``collect`` (the registry's scrape) reports the totals.
@@ -55,6 +56,7 @@ class RuntimeTotals(Collector):
     def __init__(self) -> None:
         self._busy = _Gains()
         self._edges = _Gains()
+        self._refused_connections = _Gains()
         self._backlog = 0
         self._refused_streams = 0
 
@@ -62,6 +64,8 @@ class RuntimeTotals(Collector):
         """Add what ``stats`` gained since the previous snapshot."""
         self._backlog = stats.stream_backlog_bytes
         self._refused_streams = stats.refused_streams
+        for process, count in stats.refused_connections.items():
+            self._refused_connections.read((process,), (process,), count)
         senders = [(COORDINATOR, stats.sent_bytes)]
         for address, stage in stats.stages.items():
             self._busy.read((address,), (logical_name(address),), stage.busy_seconds)
@@ -73,7 +77,8 @@ class RuntimeTotals(Collector):
                     self._edges.read((address, receiver, transport), labels, nbytes)
 
     def collect(self) -> Iterator[Metric]:
-        """The counter families, one sample per stage and per used edge and transport, and the gauge."""
+        """The counter families, one sample per stage, per used edge and transport and per process, and the
+        gauge."""
         busy = CounterMetricFamily(
             BUSY_NAME, "compute-seconds each stage spent in user compute, summed over its threads and replicas",
             labels=["stage"],
@@ -86,8 +91,16 @@ class RuntimeTotals(Collector):
         )
         for labels, nbytes in sorted(self._edges.totals.items()):
             edges.add_metric(list(labels), nbytes)
+        refused = CounterMetricFamily(
+            REFUSED_CONNECTIONS_NAME,
+            "connections a process's inbox closed for the endpoints limits (unproven, unfinished, no descriptor)",
+            labels=["process"],
+        )
+        for (process,), count in sorted(self._refused_connections.totals.items()):
+            refused.add_metric([process], count)
         yield busy
         yield edges
+        yield refused
         yield GaugeMetricFamily(
             BACKLOG_NAME,
             "bytes of stream events queued for streaming callers and not read yet (capped by "

@@ -17,8 +17,10 @@ import trio
 import trio.testing
 
 from omni_trio.control.endpoint import Endpoint
+from omni_trio.control.sockets.framing import MAX_FRAMES, message_head
 from omni_trio.control.sockets.host import HostSockets
-from omni_trio.control.sockets.unix_link import MAX_FRAMES, UnixPull, UnixPush, _OffLoopConnect, message_head
+from omni_trio.control.sockets.unix_inbox import UnixPull
+from omni_trio.control.sockets.unix_link import UnixPush, _OffLoopConnect
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.auth import FrameMac, new_secret

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.control.sockets.unix_link import message_head
+from omni_trio.control.sockets.framing import message_head
 from omni_trio.control.wire.auth import FrameMac
 from omni_trio.runtime import pipeline
 

@@ -125,3 +125,12 @@ def test_the_unread_stream_bytes_are_a_gauge_of_the_last_snapshot() -> None:
     assert gauge() == 48 * 1024
     totals.observe(_pipeline(voc=_stage()))  # read since: it goes down, as a gauge does
     assert gauge() == 0
+
+
+def test_refused_connections_are_a_counter_per_process_across_worker_restarts() -> None:
+    totals = RuntimeTotals()
+    refused = ("omni_trio_refused_connections_total", (("process", "p_b"),))
+    for counts in ({"main": 0, "p_b": 3}, {"main": 0, "p_b": 5}, {"main": 0, "p_b": 1}):  # then p_b restarted
+        totals.observe(attrs.evolve(_pipeline(), refused_connections=counts))
+    assert _samples(totals)[refused] == 6
+    assert _samples(totals)[("omni_trio_refused_connections_total", (("process", "main"),))] == 0

@@ -99,6 +99,12 @@ class SocketBackend(Protocol):
         ...
 
     @property
+    def refused_connections(self) -> int:
+        """Connections this process's inboxes closed for their limits
+        (:class:`~omni_trio.control.sockets.limits.InboxLimits`)."""
+        ...
+
+    @property
     def undeliverable(self) -> int:
         """Messages dropped because nobody listened at a same-host peer's inbox (a dead worker)."""
         ...

@@ -1,7 +1,7 @@
 """The real socket backend: a Unix stream link between processes of one host, ZMQ over ``tcp://`` between hosts.
 
 A process's inbox on this host is ``<process>.sock`` in the run's IPC directory
-(:class:`~omni_trio.control.sockets.unix_link.UnixPull`; a peer here reaches it through a
+(:class:`~omni_trio.control.sockets.unix_inbox.UnixPull`; a peer here reaches it through a
 :class:`~omni_trio.control.sockets.unix_link.UnixPush`); between hosts, ZMQ PULL and PUSH sockets
 with CURVE (:mod:`omni_trio.control.sockets.zmq_sockets`). See
 :mod:`omni_trio.control.sockets.base` for the interface.
@@ -14,7 +14,8 @@ from typing import Any
 
 import zmq
 
-from omni_trio.control.sockets.unix_link import UnixPull, UnixPush
+from omni_trio.control.sockets.unix_inbox import UnixPull
+from omni_trio.control.sockets.unix_link import UnixPush
 from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_push
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 
@@ -71,6 +72,12 @@ class HostSockets:
     def refused_streams(self) -> int:
         """Connections the inboxes dropped for breaking the Unix link's wire format."""
         return sum(inbox.refused_streams for inbox in self._inboxes)
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections the inboxes closed for their limits (unproven too long or too many, a message
+        unfinished too long or too big together, no descriptor free)."""
+        return sum(inbox.refused_connections for inbox in self._inboxes)
 
     @property
     def undeliverable(self) -> int:

@@ -267,6 +267,11 @@ class MemorySockets:
         return 0
 
     @property
+    def refused_connections(self) -> int:
+        """Always 0: nobody outside a test connects to an in-memory inbox."""
+        return 0
+
+    @property
     def undeliverable(self) -> int:
         """Messages its links dropped because nobody was bound where they sent."""
         return sum(link.undeliverable for link in self._links)

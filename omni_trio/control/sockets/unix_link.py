@@ -10,22 +10,15 @@ workers on other hosts).
 
 It offers what :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` offers the endpoint, with the same
 policy (:class:`~omni_trio.control.sockets.zmq_trio.SocketPolicy`: every message sealed and checked, the
-size cap) and the same semantics where the runtime relies on them:
+size cap) and the same semantics where the runtime relies on them. This module is the sending side,
+:class:`UnixPush`; the receiving side, a process's inbox, is
+:class:`~omni_trio.control.sockets.unix_inbox.UnixPull`, and the wire format between them
+:mod:`omni_trio.control.sockets.framing`.
 
-- :class:`UnixPull` is a process's inbox, bound at a path: any number of peers connect; messages of
-  one peer arrive in order, whole; one owning task receives (:meth:`UnixPull.recv_multipart`,
-  :meth:`UnixPull.recv_nowait`). It watches its listener and all its connections through one epoll
-  descriptor, so one task serves them all with no task per connection.
-- :class:`UnixPush` sends to one peer's inbox. Any number of tasks may send; each message is
-  written whole (a partly written one is finished, shielded, before the next). A full socket buffer
-  makes senders wait, as a PUSH socket waits at its high-water mark.
-
-Wire format, per message: ``<II`` (frame count, 0) then one ``<I`` length per frame, then the
-frames. A message's frames together, its proof included, may hold the policy's ``max_message_bytes``
-(the sender raises MessageTooLarge for more). A peer that breaks the format (more than
-:data:`MAX_FRAMES` frames, more bytes than that) is disconnected before any of its frame bytes are
-kept, and counted in :attr:`UnixPull.refused_streams`; a message without the run's proof is
-counted and dropped by the authenticator, as on every socket.
+:class:`UnixPush` sends to one peer's inbox. Any number of tasks may send; each message is written
+whole (a partly written one is finished, shielded, before the next). A full socket buffer makes
+senders wait, as a PUSH socket waits at its high-water mark. A message over the policy's
+``max_message_bytes`` raises MessageTooLarge at the sender.
 
 Where ZMQ would queue a message for a peer that is not listening (a worker that died and has not
 been restarted), the link drops it and counts it (:attr:`UnixPush.undeliverable`); the next send
@@ -37,239 +30,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
-import select
 import socket
-import struct
 import threading
-from collections import deque
 from collections.abc import Sequence
-from types import TracebackType
 
 import trio
 
+from omni_trio.control.sockets.framing import frame_view, message_head
 from omni_trio.control.sockets.zmq_sockets import IpcPath, ipc_endpoint
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
 from omni_trio.control.wire.auth import Frame
 from omni_trio.errors import MessageTooLarge
 from omni_trio.tracing.trace import get_logger
 
-__all__ = ["MAX_FRAMES", "UnixPull", "UnixPush", "message_head"]
+__all__ = ["UnixPush"]
 
 log = get_logger(__name__)
 
-#: Most frames one message may have (a peer sending more is disconnected).
-MAX_FRAMES = 4096
-_HEAD = struct.Struct("<II")
-_LENGTH = struct.Struct("<I")
-#: Bytes read from a connection per call (into the inbox's one reused buffer: a fresh buffer this big
-#: per read is above malloc's mmap threshold, so each message cost an mmap, mremap and munmap and a
-#: page fault in every receiving process).
-_READ = 1 << 18
 #: The peer is not there (no socket file, nobody listening, the connection broke).
 _ABSENT = (errno.ENOENT, errno.ECONNREFUSED, errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)
-
-
-def message_head(sizes: Sequence[int]) -> bytes:
-    """What precedes a message of frames of these ``sizes`` on the wire (see the module docstring)."""
-    return _HEAD.pack(len(sizes), 0) + struct.pack(f"<{len(sizes)}I", *sizes)
-
-
-def _fs_path(path: IpcPath) -> str:
-    return ipc_endpoint(path)[1]
-
-
-def _frame_view(frame: Frame) -> memoryview:
-    return memoryview(frame.buffer if not isinstance(frame, bytes | bytearray | memoryview) else frame).cast("B")
-
-
-class _Connection:
-    """One peer's stream into a :class:`UnixPull`: what arrived and is not yet a whole message."""
-
-    __slots__ = ("buffer", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-
-
-class _End:
-    """What both ends of the link share: the path, the run's policy, whether it is closed."""
-
-    def __init__(self, path: IpcPath, policy: SocketPolicy, what: str) -> None:
-        self._path = _fs_path(path)
-        self._auth = policy.auth
-        self._max_bytes = policy.max_message_bytes
-        self._closed = False
-        self._what = what
-
-    @property
-    def source(self) -> str:
-        """The path of the inbox (this one, or the peer's this end sends to)."""
-        return self._path
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError(f"the {self._what} was closed")
-
-
-class UnixPull(_End):
-    """A process's inbox on this host (see the module docstring); bound at once, at ``path``."""
-
-    def __init__(self, path: IpcPath, policy: SocketPolicy) -> None:
-        super().__init__(path, policy, "inbox")
-        self._messages: deque[list[bytes]] = deque()
-        self._connections: dict[int, _Connection] = {}
-        self._scratch = memoryview(bytearray(_READ))
-        #: Peers disconnected for breaking the wire format.
-        self.refused_streams = 0
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)  # a socket file left by a process that died (its restart binds here)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._listener.setblocking(False)
-            self._listener.bind(self._path)
-            # Only our user may connect (one more line of defence besides the run's proofs).
-            os.chmod(self._path, 0o600)
-            self._inode = os.stat(self._path).st_ino
-            self._listener.listen(socket.SOMAXCONN)
-            self._epoll = select.epoll()
-        except BaseException:
-            self._listener.close()
-            raise
-        self._listener_fd = self._listener.fileno()
-        self._epoll.register(self._listener_fd, select.EPOLLIN)
-
-    async def recv_multipart(self) -> list[bytes]:
-        """Receive one message (its frames, the proof checked and removed).
-
-        Cancel-safe: a message is either returned or kept for the next call. Raises
-        trio.ClosedResourceError if the inbox is or gets closed.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.recv_nowait()
-        if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
-        while True:
-            await trio.lowlevel.wait_readable(self._epoll.fileno())
-            message = self.recv_nowait()
-            if message is not None:
-                return message
-
-    def recv_nowait(self) -> list[bytes] | None:
-        """One message already here or readable now, else None (never waits)."""
-        self._check_open()
-        while True:
-            if not self._messages and not self._fill():
-                return None
-            opened = self._auth.open(self._messages.popleft(), self._path)
-            if opened is not None:
-                return opened
-
-    def _fill(self) -> bool:
-        """Read what is readable now into whole messages; whether any message is queued."""
-        for fd, _ in self._epoll.poll(0):
-            if fd == self._listener_fd:
-                self._accept()
-            else:
-                self._read(self._connections[fd])
-        return bool(self._messages)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except BlockingIOError:
-                return
-            sock.setblocking(False)
-            self._connections[sock.fileno()] = _Connection(sock)
-            self._epoll.register(sock.fileno(), select.EPOLLIN)
-
-    def _read(self, connection: _Connection) -> None:
-        try:
-            size = connection.sock.recv_into(self._scratch)
-        except BlockingIOError:
-            return
-        except OSError:
-            size = 0
-        if not size:
-            self._drop(connection)
-            return
-        connection.buffer += self._scratch[:size]
-        reason = self._split(connection.buffer)
-        if reason is not None:
-            self.refused_streams += 1
-            log.warning("stream_refused", socket=self._path, reason=reason, refused=self.refused_streams)
-            self._drop(connection)
-
-    def _split(self, buffer: bytearray) -> str | None:
-        """Move the whole messages at the start of ``buffer`` to the queue; why the stream is refused, if it is."""
-        at = 0
-        end = len(buffer)
-        view = memoryview(buffer)
-        try:
-            while end - at >= _HEAD.size:
-                count, reserved = _HEAD.unpack_from(buffer, at)
-                if count > MAX_FRAMES or reserved:
-                    return f"a message of {count} frames (at most {MAX_FRAMES})" if count > MAX_FRAMES else "bad header"
-                lengths_at = at + _HEAD.size
-                if end - lengths_at < count * _LENGTH.size:
-                    break
-                lengths = struct.unpack_from(f"<{count}I", buffer, lengths_at)
-                size = sum(lengths)
-                if size > self._max_bytes:
-                    return f"a message of {size} bytes (at most {self._max_bytes})"
-                frame_at = lengths_at + count * _LENGTH.size
-                if end - frame_at < size:
-                    break
-                frames = []
-                for length in lengths:
-                    frames.append(bytes(view[frame_at : frame_at + length]))
-                    frame_at += length
-                self._messages.append(frames)
-                at = frame_at
-        finally:
-            view.release()
-        del buffer[:at]
-        return None
-
-    def _drop(self, connection: _Connection) -> None:
-        self._epoll.unregister(connection.sock.fileno())
-        del self._connections[connection.sock.fileno()]
-        connection.sock.close()
-
-    def close(self) -> None:
-        """Close the inbox (its connections and its socket file); pending and later receives raise
-        ClosedResourceError. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        # Must precede closing the fd: wakes a task waiting on it with ClosedResourceError.
-        with contextlib.suppress(RuntimeError):  # outside trio.run nobody can be waiting
-            trio.lowlevel.notify_closing(self._epoll.fileno())
-        for connection in self._connections.values():
-            connection.sock.close()
-        self._connections.clear()
-        self._epoll.close()
-        self._listener.close()
-        # Not the file of a next incarnation that bound the same path meanwhile.
-        with contextlib.suppress(OSError):
-            if os.stat(self._path).st_ino == self._inode:
-                os.unlink(self._path)
-
-    def __enter__(self) -> UnixPull:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class _OffLoopConnect:
@@ -314,16 +93,33 @@ class _OffLoopConnect:
                 self._sock.close()
 
 
-class UnixPush(_End):
-    """Sends to the :class:`UnixPull` bound at ``path`` (see the module docstring); connects at the
-    first send, and again after the peer went away."""
+class UnixPush:
+    """Sends to the :class:`~omni_trio.control.sockets.unix_inbox.UnixPull` bound at ``path`` (see the
+    module docstring); connects at the first send, and again after the peer went away."""
 
     def __init__(self, path: IpcPath, policy: SocketPolicy) -> None:
-        super().__init__(path, policy, "link")
+        self._path = ipc_endpoint(path)[1]
+        self._auth = policy.auth
+        self._max_bytes = policy.max_message_bytes
+        self._closed = False
         self._sock: socket.socket | None = None
         self._lock = trio.StrictFIFOLock()
         #: Messages dropped because nobody listened at the path.
         self.undeliverable = 0
+
+    @property
+    def source(self) -> str:
+        """The path of the peer's inbox."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the link was closed")
 
     async def send_multipart(self, frames: Sequence[Frame]) -> None:
         """Send one message, whole; waits (without polling) while the peer's socket buffer is full.
@@ -335,7 +131,7 @@ class UnixPush(_End):
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        views = [_frame_view(frame) for frame in self._auth.seal(frames)]
+        views = [frame_view(frame) for frame in self._auth.seal(frames)]
         sizes = [view.nbytes for view in views]
         if sum(sizes) > self._max_bytes:
             raise MessageTooLarge(sum(sizes), self._max_bytes)

@@ -10,7 +10,12 @@ refuse a peer without the run's key before any frame reaches us).
 
 A socket made here is a :class:`~omni_trio.control.sockets.zmq_trio.TrioSocket` with the run's
 :class:`~omni_trio.control.sockets.zmq_trio.SocketPolicy`: ``ZMQ_MAXMSGSIZE`` from its limit (plus what CURVE
-adds on TCP), no linger, ZMTP heartbeats on TCP.
+adds on TCP), no linger, ZMTP heartbeats on TCP, and ``ZMQ_HANDSHAKE_IVL`` from the inbox limits'
+``proof_timeout_s`` (a TCP connection proves itself by finishing the CURVE handshake, which only a
+holder of the run's key can; before that it can send no message). The other inbox limits have no
+libzmq counterpart and need none on TCP: a peer that passed the handshake is the run's, and a
+handshake only starts on a connection libzmq accepted (libzmq caps neither the number of
+connections nor what a connection's unfinished message holds, up to ``ZMQ_MAXMSGSIZE``).
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ CURVE_FRAME_OVERHEAD = 64
 
 def _tcp(sock: zmq.Socket[Any], policy: SocketPolicy) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, policy.max_message_bytes + CURVE_FRAME_OVERHEAD)
+    # A connection must finish its handshake (CURVE, and ZAP's check of the run's key) in the time a
+    # Unix connection has to prove itself: until then it holds a descriptor and cannot send a message.
+    sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, round(policy.limits.proof_timeout_s * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)

@@ -54,6 +54,7 @@ import attrs
 import trio
 import zmq
 
+from omni_trio.control.sockets.limits import InboxLimits
 from omni_trio.control.wire.auth import Authenticator, Frame
 from omni_trio.control.wire.curve import Curve
 from omni_trio.errors import MessageTooLarge
@@ -66,11 +67,13 @@ __all__ = [
 @attrs.frozen
 class SocketPolicy:
     """What every socket of a run applies: the process's authenticator and the largest frame accepted;
-    for ``tcp://`` sockets, the run's CURVE keys (None: the run has none, and refuses TCP)."""
+    for ``tcp://`` sockets, the run's CURVE keys (None: the run has none, and refuses TCP); what an
+    inbox lets the connections to it hold (``limits``)."""
 
     auth: Authenticator
     max_message_bytes: int
     curve: Curve | None = None
+    limits: InboxLimits = attrs.field(factory=InboxLimits)
 
 
 #: Send flags as ints (see :meth:`TrioSocket._send_now`).

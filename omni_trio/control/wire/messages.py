@@ -331,6 +331,7 @@ class StatsReply(ControlMessage):
     """Worker → runner: per-stage counters (``{stage: {counter: value}}``).
 
     ``refused_frames``: messages the worker's sockets refused for want of this run's proof.
+    ``refused_connections``: connections the worker's inbox closed for its limits.
     ``undeliverable``: messages the worker dropped because nobody listened at a peer's path.
     """
 
@@ -339,6 +340,7 @@ class StatsReply(ControlMessage):
     process: str = attrs.field(default="", validator=fields.exact(str))
     refused_frames: int = attrs.field(default=0, validator=fields.nonneg_int)
     undeliverable: int = attrs.field(default=0, validator=fields.nonneg_int)
+    refused_connections: int = attrs.field(default=0, validator=fields.nonneg_int)
 
 
 @message("held_request")

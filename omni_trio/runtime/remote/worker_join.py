@@ -32,6 +32,7 @@ import zmq
 from omni_trio.comm.ownership import Owner, write_owner_record
 from omni_trio.comm.segments import freeze_creation, remove_segments
 from omni_trio.config import MAIN_PROCESS, EndpointsConfig
+from omni_trio.control.sockets.limits import inbox_limits
 from omni_trio.control.sockets.zmq_sockets import bind_pull, connect_watched, wait_dropped
 from omni_trio.control.sockets.zmq_trio import SocketPolicy, TrioSocket
 from omni_trio.control.wire import messages as m
@@ -98,7 +99,11 @@ async def join(join_address: str, key: KeyFile) -> None:
         write_owner_record(Path(local_dir), spec.shm_prefix, Owner.current())
         trace = spec.trace_path if spec.trace_path and Path(spec.trace_path).parent.is_dir() else None
         spec = attrs.evolve(spec, ipc_dir=local_dir, trace_path=trace)
-        run_policy = attrs.evolve(policy, max_message_bytes=spec.config.endpoints.max_message_bytes)
+        run_policy = attrs.evolve(
+            policy,
+            max_message_bytes=spec.config.endpoints.max_message_bytes,
+            limits=inbox_limits(spec.config.endpoints),
+        )
         # The caller's listener for this incarnation: closed when the caller gives it up.
         to_incarnation, incarnation_monitor = connect_watched(ctx, spec.tcp[MAIN_PROCESS], policy)
         sockets += [to_incarnation, incarnation_monitor]

@@ -189,6 +189,7 @@ async def _start_stages(
             process=spec.process,
             stages={stage.address: attrs.asdict(stage.stats()) for stage in stages.values()},
             refused_frames=endpoint.refused,
+            refused_connections=endpoint.refused_connections,
             undeliverable=endpoint.undeliverable,
         )
         await endpoint.send(request.reply_to, reply)
