@@ -290,7 +290,7 @@ def stream_admission_problems(admission: StreamAdmissionConfig) -> list[ConfigPr
         problems.append(ConfigProblem(f"{at}.max_streams", f"mode 'fixed' needs a whole number >= 1, got {cap!r}"))
     elif admission.mode != "fixed" and cap is not None:
         problems.append(ConfigProblem(f"{at}.max_streams", f"only mode 'fixed' uses it (mode is {admission.mode!r})"))
-    for field in ("min_slack_s", "recover_s", "cadence_tolerance"):
+    for field in ("min_slack_s", "recover_s", "stall_tolerance_s", "cadence_tolerance"):
         value = getattr(admission, field)
         if not _is_seconds(value):
             problems.append(ConfigProblem(f"{at}.{field}", f"expected a number >= 0, got {value!r}"))

@@ -57,19 +57,22 @@ class StreamAdmissionConfig:
     the streams already admitted keep playing in real time (:mod:`omni_trio.coordinator.stream_admission`).
 
     ``mode="adaptive"`` (the default) refuses while an admitted stream is behind its playback deadline:
-    its buffered playback is under ``min_slack_s``, or it ran dry less than ``recover_s`` ago. A
+    its buffered playback is under ``min_slack_s``, or it ran dry (a chunk came more than
+    ``stall_tolerance_s`` after the audio before it had played out) less than ``recover_s`` ago. A
     stream's deadline comes from the playback seconds its reader declares (the HTTP server declares
     each audio chunk's), else from its own cadence: its first ``cadence_arrivals`` arrivals set the
     pace, and a chunk later than that pace times ``1 + cadence_tolerance`` is a stall. A stream whose
     deadline is not known yet (no chunk yet, text) never causes a refusal. ``mode="fixed"`` refuses
     once ``max_streams`` streams are live; ``mode="off"`` never refuses a stream for its own sake
-    (``max_in_flight`` still applies).
+    (``max_in_flight`` still applies). A session's operations (``pipeline.session``) are never refused
+    by it: the session was admitted when it opened.
     """
 
     mode: str = "adaptive"
     max_streams: int | None = None
     min_slack_s: float = 0.0
     recover_s: float = 1.0
+    stall_tolerance_s: float = 0.05
     cadence_arrivals: int = 4
     cadence_tolerance: float = 0.5
 

@@ -112,8 +112,6 @@ class Coordinator:
                 f"request {request_id!r} refused: {len(self._live)} requests are in flight "
                 f"(max_in_flight={self._max_in_flight}); retry when one finishes"
             )
-        if streaming:
-            self._admit_stream(request_id)
         if isinstance(inputs, OmniRequest):
             if params is not None or metadata is not None:
                 raise ValueError("pass params and metadata inside the OmniRequest, not beside it")
@@ -123,6 +121,10 @@ class Coordinator:
         if deadline is not None and not deadline > 0:
             raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
         session = SessionOperation.from_request(request)
+        # A session's operations belong to a session already open: only a new stream of its own is admitted.
+        playback = streaming and session is None
+        if playback:
+            self._admit_stream(request_id)
         if session is None:
             entry_stages: tuple[str, ...] = (self._entry,)
             expected = self._expected_terminals(request)
@@ -135,6 +137,7 @@ class Coordinator:
         if streaming:
             live.events, live.received = trio.open_memory_channel[Any](math.inf)
             self._backlog.started(live)
+        if playback:
             self._stream_admission.started(request_id)
         self._live[request_id] = live
         if deadline is not None:

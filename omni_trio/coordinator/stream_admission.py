@@ -6,8 +6,10 @@ one may start (``config.stream_admission``, :class:`~omni_trio.StreamAdmissionCo
 
 - ``fixed``: at most ``max_streams`` streams live at once.
 - ``adaptive``: each stream keeps a playback clock, as a player would: playback starts at its first
-  timed chunk, every chunk adds its playback seconds, and a chunk arriving after the clock ran dry
-  is a stall (the clock restarts from that arrival). A stream is *behind* while its buffered
+  timed chunk, every chunk adds its playback seconds, and a chunk arriving more than
+  ``stall_tolerance_s`` after the clock ran dry is a stall (the clock restarts from that arrival; a
+  player buffers that much, and a late core on a loaded machine is no saturation). A stream is
+  *behind* while its buffered
   playback is under ``min_slack_s`` or it stalled less than ``recover_s`` ago (the hysteresis:
   refusals stop once the streams have played without a stall that long). New streams are refused
   while any stream is behind. A chunk's playback seconds are what the stream's reader declares
@@ -39,16 +41,18 @@ __all__ = ["StreamAdmission"]
 class _Playback:
     """One stream's playback clock: when its buffered playback runs out, and when it last ran dry."""
 
-    def __init__(self) -> None:
+    def __init__(self, tolerance: float) -> None:
         self.end: float | None = None
         self.stalled_at: float | None = None
+        self._tolerance = tolerance
 
     def add(self, now: float, seconds: float) -> None:
         """``seconds`` of playback arrived at ``now``."""
         if self.end is None:
             self.end = now
         elif now > self.end:
-            self.stalled_at = now
+            if now > self.end + self._tolerance:
+                self.stalled_at = now
             self.end = now
         self.end += seconds
 
@@ -64,8 +68,8 @@ class _Cadence:
 
 
 class _Stream:
-    def __init__(self) -> None:
-        self.playback = _Playback()
+    def __init__(self, stall_tolerance: float) -> None:
+        self.playback = _Playback(stall_tolerance)
         self.cadence = _Cadence()
         self.declared = False
 
@@ -108,7 +112,7 @@ class StreamAdmission:
 
     def started(self, request_id: str) -> None:
         """A stream was admitted."""
-        self._streams[request_id] = _Stream()
+        self._streams[request_id] = _Stream(self._config.stall_tolerance_s)
 
     def ended(self, request_id: str) -> None:
         """A stream was resolved (done, failed or aborted)."""
@@ -121,7 +125,7 @@ class StreamAdmission:
             return
         if not stream.declared:
             stream.declared = True
-            stream.playback = _Playback()  # what its cadence said is superseded
+            stream.playback = _Playback(self._config.stall_tolerance_s)  # what its cadence said is superseded
         stream.playback.add(now, seconds)
 
     def arrived(self, request_id: str, now: float, modality: str | None) -> None:

@@ -19,7 +19,39 @@ CHUNK_S = 0.08  # the playback of one chunk (80 ms of audio)
 
 
 def policy(**settings: object) -> StreamAdmission:
+    """A policy whose stalls count from the first late millisecond, unless the test says otherwise."""
+    settings.setdefault("stall_tolerance_s", 0.0)
     return StreamAdmission(ot.StreamAdmissionConfig(**settings))  # type: ignore[arg-type]
+
+
+def test_a_chunk_late_within_the_stall_tolerance_is_no_stall() -> None:
+    async def main() -> None:
+        admission = policy(stall_tolerance_s=0.05, recover_s=1.0)
+        admission.started("r0")
+        admission.declared("r0", trio.current_time(), 0.1)
+        await trio.sleep(0.14)  # 40 ms after it played out: a player's buffer covers that
+        admission.declared("r0", trio.current_time(), 0.1)
+        assert admission.refusal(trio.current_time()) is None
+        await trio.sleep(0.16)  # 60 ms late: heard
+        admission.declared("r0", trio.current_time(), 0.1)
+        reason = admission.refusal(trio.current_time())
+        assert reason is not None and "ran dry 0.000s ago" in reason
+
+    run(main)
+
+
+async def test_session_operations_are_never_refused_by_stream_admission() -> None:
+    """A session was admitted when it opened: its operations stream, but none is refused as a new stream."""
+    config = build("embedded", stage("words", "create_word_session", terminal=True),
+                   stream_admission=ot.StreamAdmissionConfig(mode="fixed", max_streams=1))
+    with trio.fail_after(30):
+        async with ot.open_pipeline(config) as pipeline:
+            async with pipeline.session("s1", stages=["words"]) as one, \
+                    pipeline.session("s2", stages=["words"]) as two:
+                async with trio.open_nursery() as nursery:  # two appends live at once, over a cap of one
+                    for session in (one, two, one, two):
+                        nursery.start_soon(session.append, "word")
+            assert (await pipeline.stats()).refused_streams == 0
 
 
 def run(test: object) -> None:
