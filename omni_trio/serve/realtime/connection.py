@@ -237,10 +237,13 @@ class Connection:
         """Feed the transcription session in order; send what it hears."""
         text = ""
         async for what, turn, pcm in self._listen_queue:
-            if what == "audio":
-                said = await self._listener.hear(pcm)
-            else:
-                said = await self._listener.end_utterance()
+            try:
+                said = await (self._listener.hear(pcm) if what == "audio" else self._listener.end_utterance())
+            except OmniTrioError as exc:  # the pipeline failed this piece of the turn; the session goes on
+                said = []
+                await self.send({"type": "error", "error": {
+                    "type": "server_error", "code": "transcription_failed", "param": None, "event_id": None,
+                    "message": f"transcribing the input audio failed: {describe_error(exc)}"}})
             for transcript in said if what != "drop" else []:
                 delta = appended_text(text, transcript.text)
                 text = "" if transcript.final else transcript.text
