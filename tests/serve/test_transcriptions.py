@@ -86,7 +86,6 @@ def test_streamed_deltas_add_up_then_done_gives_the_text(client: openai.OpenAI) 
     assert kinds[-1] == "transcript.text.done" and kinds.count("transcript.text.done") == 1
     deltas = [event.delta for event in events if event.type == "transcript.text.delta"]
     assert len(deltas) >= 2, "partial transcripts arrive while the audio is decoded"
-    assert events[-1].text.startswith("".join(deltas)[:1])
     assert len(words(events[-1].text) & words(long_said)) >= 3, events[-1].text
 
 
