@@ -46,11 +46,13 @@ async def test_session_operations_are_never_refused_by_stream_admission() -> Non
                    stream_admission=ot.StreamAdmissionConfig(mode="fixed", max_streams=1))
     with trio.fail_after(30):
         async with ot.open_pipeline(config) as pipeline:
-            async with pipeline.session("s1", stages=["words"]) as one, \
-                    pipeline.session("s2", stages=["words"]) as two:
-                async with trio.open_nursery() as nursery:  # two appends live at once, over a cap of one
-                    for session in (one, two, one, two):
-                        nursery.start_soon(session.append, "word")
+            async with (
+                pipeline.session("s1", stages=["words"]) as one,
+                pipeline.session("s2", stages=["words"]) as two,
+                trio.open_nursery() as nursery,  # two appends live at once, over a cap of one
+            ):
+                for session in (one, two, one, two):
+                    nursery.start_soon(session.append, "word")
             assert (await pipeline.stats()).refused_streams == 0
 
 
