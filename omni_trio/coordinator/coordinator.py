@@ -206,14 +206,7 @@ class Coordinator:
         metadata: dict[str, Any] | None = None,
         deadline: float | None = None,
     ) -> Any:
-        """Run one request to completion and return its terminal result.
-
-        With several terminal stages the result is a dict keyed by stage
-        name. Raises :class:`RequestFailed`, :class:`RequestAborted`,
-        :class:`RequestTimeout` (``deadline`` seconds passed; the request is
-        aborted everywhere) or :class:`DuplicateRequestId`. Cancelling the
-        caller aborts the request.
-        """
+        """:meth:`omni_trio.Pipeline.submit`, which says what it promises the caller."""
         live = self._admit(request_id, inputs, params, metadata, streaming=False, deadline=deadline)
         try:
             await self._send_or_fail(live)
@@ -235,17 +228,7 @@ class Coordinator:
         metadata: dict[str, Any] | None = None,
         deadline: float | None = None,
     ) -> RequestStream:
-        """Run one request and iterate over its stream chunks and completions.
-
-        Use as ``async with pipeline.stream(...) as events: async for ev in
-        events``: leaving the block early, however, aborts the request before
-        the block is left. Directly as ``async for ev in pipeline.stream(...)``,
-        a loop left early aborts the request only once the stream object is
-        garbage-collected (at once in CPython, unless something still refers to
-        it), without waiting for the abort. Yields
-        :class:`StreamMessage` and :class:`CompleteMessage` objects; ends after
-        the last terminal stage completed; raises the request's error.
-        """
+        """:meth:`omni_trio.Pipeline.stream`, which says what it promises the caller."""
         return RequestStream(
             request_id,
             admit=functools.partial(
@@ -273,13 +256,7 @@ class Coordinator:
         return True
 
     def session(self, session_id: str, *, stages: list[str]) -> Session:
-        """A session whose state lives in ``stages`` (its owner stages, in pipeline order).
-
-        Use as ``async with pipeline.session("s1", stages=["asr"]) as s:`` with
-        ``await s.append(chunk)`` and ``async for ev in s.events()``; the block
-        opens the session and closes it on exit, whatever the reason (see
-        :class:`omni_trio.coordinator.sessions.Session`).
-        """
+        """:meth:`omni_trio.Pipeline.session`, which says what it promises the caller."""
         return Session(self, session_id, stages)
 
     async def stats(self, *, timeout: float | None = None) -> PipelineStats:
