@@ -8,16 +8,12 @@ start-up heap; the test of that runs the command in the test process itself, whe
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import io
 import os
-import pickle
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,38 +27,10 @@ import trio
 
 import omni_trio as ot
 from omni_trio.serve.command import serve_until_signalled
+from tests.serve.command_process import cmdline, descendants, left_behind, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "omni_speech" / "serve.toml"
-
-
-def _children(pid: int) -> set[int]:
-    # Per thread: trio starts child processes from a worker thread, so read every thread's list.
-    children: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(FileNotFoundError):
-            children.update(int(p) for p in (task / "children").read_text().split())
-    return children
-
-
-def _descendants(pid: int) -> set[int]:
-    # Workers are forked by the pipeline's template process, which is the server's child.
-    found, parents = set(), {pid}
-    while parents:
-        parents = set().union(*(_children(parent) for parent in parents)) - found
-        found |= parents
-    return found
-
-
-def _workers(pid: int) -> set[int]:
-    return {p for p in _descendants(pid) if "omni_trio.runtime.workers.worker" in _cmdline(p)}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except FileNotFoundError:
-        return ""
 
 
 def _health_until(url: str, status: int, seconds: float) -> httpx.Response:
@@ -84,62 +52,33 @@ def short_tmp() -> Iterator[Path]:
 
 
 def test_serve_command_health_restart_and_clean_exit(short_tmp: Path) -> None:
-    tmp_path = short_tmp
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the run's IPC directory goes here
     # The vocoder's restart waits 2 s: a window the 503 below is seen in on a loaded machine as on
     # an idle one (a worker forked from the template is ready a few ms after the backoff).
-    config = tmp_path / "serve.toml"
-    placed = 'process = "p_vocoder"\n'
-    config.write_text(CONFIG.read_text().replace(placed, placed + "restart_backoff_s = 2.0\n"))
-    assert ot.load_config(config).stages[-1].restart_backoff_s == 2.0
-    server = subprocess.Popen(
-        [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    workers: set[int] = set()
-    run_prefix = ""
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()  # bounded by the pipeline's start-up timeout
-        if not line.startswith("listening on http://127.0.0.1:"):
-            server.wait(30)
-            stderr = server.stderr.read() if server.stderr else None
-            raise AssertionError(f"no listening line: {line!r}; stderr: {stderr}")
-        url = line.split()[-1]
-        workers = _workers(server.pid)
-        assert len(workers) == 5
-        spec = pickle.loads(next(tmp_path.glob("omnitrio-*/p_vocoder.spec")).read_bytes())
-        run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
-
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    config = short_tmp / "serve.toml"
+    table = '[processes.p_vocoder]\nrestart = "on-failure"\n'
+    config.write_text(CONFIG.read_text().replace(table, table + "restart_backoff_s = 2.0\n"))
+    assert ot.load_config(config).process("p_vocoder").restart_backoff_s == 2.0
+    with serving(config, short_tmp, "p_vocoder") as served:
+        assert len(served.workers) == 5
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=60)
         with client.audio.speech.with_streaming_response.create(
             model="omni-speech-demo", input="hello", voice="alloy", response_format="pcm"
         ) as response:
             assert len(b"".join(response.iter_bytes())) == 24 * 4 * 320 * 2
-        assert _health_until(url, 200, 0).json()["status"] == "ok"
+        assert _health_until(served.url, 200, 0).json()["status"] == "ok"
 
-        vocoder = next(pid for pid in workers if "p_vocoder.spec" in Path(f"/proc/{pid}/cmdline").read_text())
+        vocoder = next(pid for pid in served.workers if "p_vocoder.spec" in cmdline(pid))
         os.kill(vocoder, signal.SIGKILL)
-        down = _health_until(url, 503, 30)
+        down = _health_until(served.url, 503, 30)
         assert down.status_code == 503, down.text
         assert down.json()["not_ready"] == {"p_vocoder": "restarting"}
-        assert _health_until(url, 200, 120).status_code == 200  # the restarted worker is ready again
+        assert _health_until(served.url, 200, 120).status_code == 200  # the restarted worker is ready again
 
-        workers |= _descendants(server.pid)  # the restarted one and the template too
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(60) == 0
-        assert server.stdout.read() == ""  # exactly one line on stdout
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-        for pid in _descendants(server.pid) | workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    assert not any(Path(f"/proc/{pid}").exists() and "omni_trio" in Path(f"/proc/{pid}/cmdline").read_text()
-                   for pid in workers)
-    assert list(tmp_path.glob("omnitrio-*")) == []
-    assert run_prefix and not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+        served.workers |= descendants(served.process.pid)  # the restarted one and the template too
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(60) == 0
+        assert served.process.stdout is not None and served.process.stdout.read() == ""  # exactly one line
+    assert left_behind(served, short_tmp) == []
 
 
 SMALL_CONFIG = """
@@ -159,22 +98,9 @@ grace_period_s = 0.5
 def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) -> None:
     config = short_tmp / "serve.toml"
     config.write_text(SMALL_CONFIG)
-    env = {**os.environ, "TMPDIR": str(short_tmp)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "omni_trio", "serve", str(config), "--port", "0", "--app-dir", str(ROOT),
-         "--deadline", "2", "--trace", str(short_tmp / "run.jsonl")],
-        cwd=short_tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    workers: set[int] = set()
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        assert line.startswith("listening on http://127.0.0.1:"), line
-        url = line.split()[-1]
-        workers = _children(server.pid)
-        assert len(workers) == 1
-        spec = pickle.loads(next(short_tmp.glob("omnitrio-*/p_slow.spec")).read_bytes())
-        run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
+    with serving(config, short_tmp, "p_slow", "--deadline", "2", "--trace", str(short_tmp / "run.jsonl")) as served:
+        url = served.url
+        assert len(served.workers) == 1
         body = {"model": "toy", "messages": [{"role": "user", "content": "block"}], "stream": True}
         # --deadline is every request's default deadline: a request that cannot end gets a 504 after it.
         timed_out = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
@@ -195,21 +121,12 @@ def test_deadline_flag_then_sigint_drains_and_leaves_nothing(short_tmp: Path) ->
             assert time.monotonic() < deadline, "the request never got in flight"
             time.sleep(0.05)
         # The request cannot end by itself: the grace period ends it, then the server exits.
-        server.send_signal(signal.SIGINT)
+        served.process.send_signal(signal.SIGINT)
         client.join(60)
         assert outcome == ["cut off"]
-        assert server.wait(60) == 0
-        assert server.stdout.read() == ""
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
-    assert list(short_tmp.glob("omnitrio-*")) == []
-    assert not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+        assert served.process.wait(60) == 0
+        assert served.process.stdout is not None and served.process.stdout.read() == ""
+    assert left_behind(served, short_tmp) == []
     # --trace: the main process and the worker each wrote their events.
     events = ot.read_trace(short_tmp / "run.jsonl")
     assert {e["event"] for e in events} >= {"request_submitted", "request_aborted", "stage_dispatch"}

@@ -8,14 +8,9 @@ against it; SIGTERM then leaves no process, IPC directory or shared memory behin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
-import os
-import pickle
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import wave
 from pathlib import Path
@@ -24,7 +19,7 @@ from typing import Any
 import openai
 
 import omni_trio as ot
-from tests.serve.test_command import _descendants, _workers
+from tests.serve.command_process import descendants, left_behind, serving
 from tests.serve.voice_server import MODEL, realtime_client, send_audio, silence, speech_pcm16, until, words
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,51 +60,25 @@ async def _realtime_turn(ws_url: str) -> list[Any]:
 
 
 def test_serve_voice_toml_transcribes_and_answers_a_realtime_turn() -> None:
-    tmp_path = Path(tempfile.mkdtemp(prefix="otv-"))  # short: Unix socket paths are at most ~100 bytes
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "omni_trio", "serve", str(CONFIG), "--port", "0", "--app-dir", str(ROOT)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    workers: set[int] = set()
-    run_prefix = ""
+    directory = Path(tempfile.mkdtemp(prefix="otv-"))  # short: Unix socket paths are at most ~100 bytes
     try:
-        assert server.stdout is not None
-        line = server.stdout.readline()  # bounded by the pipeline's start-up timeout
-        if not line.startswith("listening on http://127.0.0.1:"):
-            server.wait(30)
-            stderr = server.stderr.read() if server.stderr else None
-            raise AssertionError(f"no listening line: {line!r}; stderr: {stderr}")
-        url = line.split()[-1]
-        workers = _workers(server.pid)
-        assert len(workers) == 3
-        spec = pickle.loads(next(tmp_path.glob("omnitrio-*/p_listen.spec")).read_bytes())
-        run_prefix = spec.shm_prefix.rsplit("-", 1)[0]
+        with serving(CONFIG, directory, "p_listen") as served:
+            assert len(served.workers) == 3
+            client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=120)
+            audio = ("said.wav", _wav(speech_pcm16(SAID), 24_000))
+            transcript = client.audio.transcriptions.create(model=MODEL, file=audio)
+            assert words(transcript.text) & words(SAID), transcript.text
 
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-        audio = ("said.wav", _wav(speech_pcm16(SAID), 24_000))
-        transcript = client.audio.transcriptions.create(model=MODEL, file=audio)
-        # The server's first utterance meets a cold pocketsphinx decoder ("want to three are are you"):
-        # some of the words, not most.
-        assert words(transcript.text) & words(SAID), transcript.text
+            ws_url = served.url.replace("http://", "ws://") + "/v1"
+            seen = asyncio.run(asyncio.wait_for(_realtime_turn(ws_url), 120))
+            completed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
+            assert len(words(completed.transcript) & words(SAID)) >= 2, completed.transcript
+            assert any(e.type == "response.output_audio.delta" for e in seen)
+            assert seen[-1].response.status == "completed"
 
-        seen = asyncio.run(asyncio.wait_for(_realtime_turn(url.replace("http://", "ws://") + "/v1"), 120))
-        completed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
-        assert len(words(completed.transcript) & words(SAID)) >= 2, completed.transcript
-        assert any(e.type == "response.output_audio.delta" for e in seen)
-        assert seen[-1].response.status == "completed"
-
-        workers |= _descendants(server.pid)
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(60) == 0
+            served.workers |= descendants(served.process.pid)
+            served.process.send_signal(signal.SIGTERM)
+            assert served.process.wait(60) == 0
+        assert left_behind(served, directory) == []
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-        for pid in _descendants(server.pid) | workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        leftover = list(tmp_path.glob("omnitrio-*"))
-        shutil.rmtree(tmp_path, ignore_errors=True)
-    assert leftover == []
-    assert run_prefix and not [name for name in os.listdir("/dev/shm") if name.startswith(run_prefix)]
+        shutil.rmtree(directory, ignore_errors=True)
