@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omni_trio.serve.json_body import InvalidJSON, parse_json
+
 
 class BadEvent(Exception):
     """A client event the server cannot take; the connection goes on after an ``error`` event."""
@@ -21,13 +23,13 @@ class BadEvent(Exception):
 def parse_event(text: str) -> dict[str, Any]:
     """A client's text message as a JSON object with a string ``type``; :class:`BadEvent` if it is not one.
 
-    ``json`` raises ``RecursionError`` on deeply nested input: that is a bad event too, not a crash.
+    Read as every JSON from a client is (:func:`~omni_trio.serve.json_body.parse_json`: deep nesting is
+    a bad event too, not a crash).
     """
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise BadEvent(f"the message is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}",
-                       code="invalid_json") from None
+        data = parse_json(text)
+    except InvalidJSON as exc:
+        raise BadEvent(f"the message: {str(exc)[:200]}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise BadEvent(f"an event must be a JSON object, got {type(data).__name__}", code="invalid_event")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None

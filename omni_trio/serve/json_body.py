@@ -40,11 +40,11 @@ def parse_json(raw: bytes | str) -> Any:
     try:
         value = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidJSON(f"the body is not valid JSON: {exc}") from None
+        raise InvalidJSON(f"not valid JSON: {exc}") from None
     except RecursionError:
-        raise InvalidJSON(f"the body is nested deeper than {MAX_DEPTH} levels") from None
+        raise InvalidJSON(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     if _deeper_than(value, MAX_DEPTH):
-        raise InvalidJSON(f"the body is nested deeper than {MAX_DEPTH} levels")
+        raise InvalidJSON(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
 
 
