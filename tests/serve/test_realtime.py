@@ -89,6 +89,23 @@ def test_server_vad_commits_the_turn_and_answers(server: VoiceServer) -> None:
     assert seen[-1].response.status == "completed"
 
 
+def test_one_append_holding_a_whole_utterance_is_heard(server: VoiceServer) -> None:
+    """The detector's start and stop both fall inside one append: the speech between them is the turn."""
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with _client(server).realtime.connect(model=MODEL) as connection:
+            await until(connection, "session.created", seen)
+            whole = silence(0.5) + speech_pcm16(SAID) + silence(1.0)
+            await connection.input_audio_buffer.append(audio=base64.b64encode(whole).decode())
+            await until(connection, "response.done", seen)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    completed = next(e for e in seen if e.type == "conversation.item.input_audio_transcription.completed")
+    assert completed.usage.seconds > 1.0  # the speech, not only the prefix padding
+    assert words(completed.transcript) & words(SAID), completed.transcript  # a recognizer of 0.7-0.8 recall
+
+
 def test_speech_during_an_answer_cancels_it(server: VoiceServer) -> None:
     async def main() -> list[Any]:
         seen: list[Any] = []

@@ -179,22 +179,38 @@ class Connection:
         if self._vad is None:
             await self._hear(pcm)
             return
+        # One append may hold the start and the end of speech, or several turns: split it where the
+        # detector's events fall, so each piece goes where it belongs (the prefix, the turn).
+        before = self._vad.bytes_fed
+        cursor = 0
         for what, at_ms in self._vad.feed(pcm):
+            cut = min(max(at_ms * RATE // 1000 * 2 - before, cursor), len(pcm))
+            piece, cursor = pcm[cursor:cut], cut
             if what == "start":
+                self._keep_prefix(piece)
                 await self._speech_started(at_ms)
             else:
+                if piece:
+                    await self._hear(piece)
                 await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": at_ms,
                                  "item_id": self._turn.item_id if self._turn else None})
                 await self._commit()
+        rest = pcm[cursor:]
         if self._vad.in_speech:
-            await self._hear(pcm)
+            if rest:
+                await self._hear(rest)
         else:
-            # Before speech starts, keep the prefix padding only.
-            self._prefix.append(pcm)
-            detection = self._settings.turn_detection
-            keep = (detection.prefix_padding_ms if detection else 0) * 2 * RATE // 1000
-            while sum(map(len, self._prefix)) - len(self._prefix[0]) > keep:
-                self._prefix.popleft()
+            self._keep_prefix(rest)
+
+    def _keep_prefix(self, pcm: bytes) -> None:
+        """Audio before speech starts: only the last ``prefix_padding_ms`` of it is kept for the turn."""
+        if not pcm:
+            return
+        self._prefix.append(pcm)
+        detection = self._settings.turn_detection
+        keep = (detection.prefix_padding_ms if detection else 0) * 2 * RATE // 1000
+        while sum(map(len, self._prefix)) - len(self._prefix[0]) > keep:
+            self._prefix.popleft()
 
     async def _speech_started(self, at_ms: int) -> None:
         detection = self._settings.turn_detection

@@ -34,6 +34,8 @@ class VoiceActivity:
         self.in_speech = False
         self._run = 0  # speech-like frames in a row (outside speech), or quiet ones (inside)
         self._frames_seen = 0
+        #: Bytes fed so far: where the next ``feed``'s audio starts on the timeline of its events.
+        self.bytes_fed = 0
         self._pending = b""
         self._window = np.hanning(self.frame)
         # 100 Hz to 4 kHz: where voiced speech has its harmonics.
@@ -49,6 +51,7 @@ class VoiceActivity:
 
     def feed(self, pcm: bytes) -> list[tuple[str, int]]:
         """The speech starts and stops in ``pcm`` (the ms is where the frame that decided it begins)."""
+        self.bytes_fed += len(pcm)
         data = self._pending + pcm
         whole = len(data) // (2 * self.frame) * 2 * self.frame
         self._pending = data[whole:]
