@@ -27,6 +27,7 @@ from examples.omni_speech.pipeline import (
     PLACEMENTS,
     Speech,
     describe,
+    exit_after,
     make_config,
     remove_trace,
     run_demo,
@@ -110,4 +111,4 @@ def report(args: argparse.Namespace, trace: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

@@ -182,6 +182,24 @@ def run_demo(main: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise
 
 
+def exit_after(main: Callable[[], object]) -> None:
+    """Run a demo command's ``main``, then end the process at once with its exit code.
+
+    After Ctrl-C the pipeline is closed, but a compute it interrupted may still run on a stage's
+    scheduler thread (torch cannot be interrupted); letting it meet the interpreter's shutdown aborts
+    the process (SIGABRT) instead of exiting 130. Output is flushed first; cleanup in ``main`` (its
+    ``with`` blocks) has run by then.
+    """
+    code = 0
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def remove_trace(path: str | os.PathLike[str]) -> None:
     """Delete a trace file and its per-process siblings (trace files are appended to)."""
     path = Path(path)

@@ -33,7 +33,7 @@ import torch
 
 import omni_trio as ot
 from examples.omni_speech import espeak, tts
-from examples.omni_speech.pipeline import PLACEMENTS, run_demo, write_wav
+from examples.omni_speech.pipeline import PLACEMENTS, exit_after, run_demo, write_wav
 from examples.placement import process_for
 
 M = "examples.omni_speech"
@@ -180,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_after(main)

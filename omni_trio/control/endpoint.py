@@ -183,6 +183,10 @@ class Endpoint:
         finally:
             await self._close()
 
+    def begin_closing(self) -> None:
+        """The process has begun to shut down: peers that are gone already are expected, not warned of."""
+        self._sockets.begin_closing()
+
     def stop(self) -> None:
         """End :meth:`serve` (its sockets close, outstanding transfers are settled)."""
         self._tasks.stop()

@@ -197,6 +197,7 @@ async def _in_processes(
                 yield coordinator
             finally:
                 with trio.CancelScope(shield=True):
+                    endpoint.begin_closing()
                     await coordinator.close()
                     for stage in local.values():
                         stage.stop()

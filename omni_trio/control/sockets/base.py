@@ -109,6 +109,11 @@ class SocketBackend(Protocol):
         """Messages dropped because nobody listened at a same-host peer's inbox (a dead worker)."""
         ...
 
+    def begin_closing(self) -> None:
+        """The process is shutting down: a peer that is gone already is expected now, so its links
+        drop what they cannot deliver quietly (still counted in :attr:`undeliverable`)."""
+        ...
+
     def close(self) -> None:
         """Release what the backend itself holds (each socket is closed by its owner first)."""
         ...

@@ -84,6 +84,11 @@ class HostSockets:
         """Messages dropped because nobody listened at a same-host peer's path (a dead worker)."""
         return sum(link.undeliverable for link in self._links)
 
+    def begin_closing(self) -> None:
+        """See :meth:`~omni_trio.control.sockets.base.SocketBackend.begin_closing`."""
+        for link in self._links:
+            link.begin_closing()
+
     def close(self) -> None:
         """Release the CURVE authenticator and destroy the ZMQ context (linger 0)."""
         if self._policy.curve is not None:

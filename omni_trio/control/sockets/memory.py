@@ -276,6 +276,9 @@ class MemorySockets:
         """Messages its links dropped because nobody was bound where they sent."""
         return sum(link.undeliverable for link in self._links)
 
+    def begin_closing(self) -> None:
+        """Nothing to quieten: the memory backend logs no drops (see :attr:`MemoryNetwork.log`)."""
+
     def close(self) -> None:
         """Nothing to release: every socket is closed by its owner."""
 

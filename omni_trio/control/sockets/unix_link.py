@@ -102,6 +102,7 @@ class UnixPush:
         self._auth = policy.auth
         self._max_bytes = policy.max_message_bytes
         self._closed = False
+        self._closing = False  # the process is shutting down: drops are expected, not warnings
         self._sock: socket.socket | None = None
         self._lock = trio.StrictFIFOLock()
         #: Messages dropped because nobody listened at the path.
@@ -217,11 +218,16 @@ class UnixPush:
         self._sock = sock
         return yielded
 
+    def begin_closing(self) -> None:
+        """The process is shutting down: a message nobody takes is logged at debug level from now on."""
+        self._closing = True
+
     def _undeliverable(self) -> None:
         self.undeliverable += 1
         count = self.undeliverable
         if count & (count - 1) == 0:
-            log.warning("message_undeliverable", socket=self._path, reason="nobody listens there", dropped=count)
+            report = log.debug if self._closing else log.warning
+            report("message_undeliverable", socket=self._path, reason="nobody listens there", dropped=count)
 
     def _disconnect(self) -> None:
         if self._sock is not None:
