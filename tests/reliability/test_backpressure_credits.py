@@ -63,7 +63,7 @@ async def test_an_abort_while_the_consumer_stalls_returns_the_held_credits(ipc_b
                 # The consumer stalls on chunk 0; chunks 1-2 wait in its inbox, holding the edge's 2 credits.
                 await helpers.wait_stats(
                     pipeline, 10,
-                    lambda s: s.stages["consumer"].queued_inbox >= 2 and s.stages["producer"].relay_buffers >= 2,
+                    lambda s: s.stages["consumer"].queued_inbox >= 2,
                 )
                 await pipeline.abort("doomed")
             # Every credit of the edge came back: a second stream through it completes (the consumer
