@@ -22,9 +22,9 @@ from tests.serve.voice_server import MODEL, VoiceServer, speech_pcm16, voice_ser
 SAID = "one two three four five"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[VoiceServer]:
-    with voice_server() as running:
+@pytest.fixture(scope="module", params=["embedded", "processes"])
+def server(request: pytest.FixtureRequest) -> Iterator[VoiceServer]:
+    with voice_server(request.param) as running:
         yield running
 
 
