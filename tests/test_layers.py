@@ -1,4 +1,4 @@
-"""The package's layers (docs/design.md §2, "Layers"): each imports only the layers below it.
+"""The package's layers (docs/design.md, "Layers"): each imports only the layers below it.
 
 Read from the source (every ``import``, in functions and under ``TYPE_CHECKING`` too), so a lazy or a
 type-only import up the layers fails here as a plain one does.
@@ -52,7 +52,7 @@ def _module_files() -> list[tuple[str, Path]]:
 def test_every_module_has_a_layer_or_stays_outside() -> None:
     tops = {top for top, _ in _module_files()} - {"__init__"}
     placed = set().union(*(tops for _, tops in LAYERS))
-    assert sorted(tops - placed - OUTSIDE) == [], "name the layer of a new module here and in docs/design.md §2"
+    assert sorted(tops - placed - OUTSIDE) == [], "name the layer of a new module here and in docs/design.md"
 
 
 def test_each_layer_imports_only_the_layers_below_it() -> None:

@@ -1,4 +1,4 @@
-"""Where process groups run: the ``processes`` table of a pipeline config (issue #16).
+"""Where process groups run: the ``processes`` table of a pipeline config.
 
 ``PipelineConfig.processes`` maps a process group's name (a stage's ``process``, or ``"main"`` for
 the caller's own process) to a :class:`ProcessConfig`: which launcher starts it and on which host it

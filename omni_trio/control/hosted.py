@@ -1,6 +1,6 @@
 """HostedStage: what the endpoint and its receiver call on the stages of their process.
 
-The control plane sits below the stages (docs/design.md §2, "Layers"): it names the members it
+The control plane sits below the stages (docs/design.md, "Layers"): it names the members it
 calls here instead of importing the stage, and :class:`omni_trio.stage.stage.Stage` has them.
 """
 

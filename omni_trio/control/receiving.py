@@ -116,7 +116,7 @@ class Receiver:
             await self.receive_object(ref, rid, sender, receiver, payload)
             return
         first, count = message.chunk_id, message.chunk_count
-        # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md §9).
+        # A shared-memory chunk holds the sender's credit until the scheduler takes it (docs/design.md).
         credit = self._credit_hold(ref, rid, sender, stage)
 
         async def chunks(value: Any) -> None:

@@ -3,7 +3,6 @@
 For stages that just run a function (preprocessing, encoders, decode). Serial
 mode (``max_concurrency == 1``) can coalesce requests into batches for a
 ``batch_compute_fn``; concurrent mode runs ``compute_fn`` on N worker threads.
-See SPEC §5.1.
 """
 
 from __future__ import annotations
@@ -238,7 +237,7 @@ class SimpleScheduler(BatchingOptions):
             loop.close()
 
     def collect_batch(self, first: IncomingMessage) -> list[IncomingMessage]:
-        """Gather the batch that ``first`` opens (SPEC §5.1 step 3).
+        """Gather the batch that ``first`` opens.
 
         Only a batch function with ``max_batch_size > 1`` gathers. Requests
         already queued always join; the loop waits for more only while the

@@ -1,7 +1,7 @@
 """How a :class:`~omni_trio.scheduling.simple.SimpleScheduler` takes work from its inbox.
 
 Serial mode takes one message at a time and may gather a batch behind it
-(:class:`BatchCollector`, SPEC §5.1 step 3); concurrent mode runs N threads that
+(:class:`BatchCollector`); concurrent mode runs N threads that
 each take straight from the inbox (:class:`WorkerThreads`). Neither computes: the
 scheduler hands each what to do with a message it took.
 """

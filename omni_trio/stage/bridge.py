@@ -44,7 +44,7 @@ from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import OutgoingMessage
 
-#: Messages handled back to back before the drain yields (SPEC §3.4).
+#: Messages handled back to back before the drain yields.
 DRAIN_BATCH = 64
 _BATCHES_IN_FLIGHT = 4
 

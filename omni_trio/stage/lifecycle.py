@@ -183,7 +183,7 @@ class StageLifecycle:
                 if await self._outbound.handle_batch(await source.next_batch()):
                     return
                 source.sent()
-                # Let co-located stages run between batches (SPEC §3.4).
+                # Let co-located stages run between batches.
                 await trio.lowlevel.checkpoint()
         finally:
             self._drain_done.set()

@@ -1,4 +1,4 @@
-"""How a stage routes session operations (SPEC §3.12).
+"""How a stage routes session operations.
 
 A request whose metadata carries ``omni_session`` is one operation of a
 long-lived session whose state lives in the *owner* stages listed in its

@@ -1,7 +1,7 @@
 """Credits held until the consumer's scheduler takes a chunk: what must still hold around them.
 
 A shared-memory chunk to a stage whose inbox is an ``Inbox`` holds its sender's credit until the
-scheduler takes it (docs/design.md §9, "Credits"). These tests pin the cases where holding could
+scheduler takes it (docs/design.md, "Credits"). These tests pin the cases where holding could
 go wrong: a consumer that keeps every chunk it received (the pool runs dry: the stream must go on
 through one-shot segments, not stall), an abort while the consumer stalls with chunks queued (the
 credits come back, so the next stream on the same edge flows), and nothing left behind.

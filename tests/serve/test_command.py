@@ -149,7 +149,7 @@ class _Lines(io.StringIO):
 
 async def test_the_serve_command_freezes_its_start_up_heap_once_it_listens(short_tmp: Path) -> None:
     """The server's process is ours: its start-up heap (the app, the pipeline) leaves the full collections
-    (docs/design.md §7); a subprocess keeps its collector to itself, so the command runs here."""
+    (docs/design.md); a subprocess keeps its collector to itself, so the command runs here."""
     config = ot.PipelineConfig(
         stages=[ot.StageConfig(name="a", factory_path="tests.stages.create_append", factory={"tag": "a"},
                                process="p_a", terminal=True)],

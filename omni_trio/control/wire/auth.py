@@ -10,10 +10,10 @@ reach the decoder, let alone the unpickler that reads payload headers.
 
 :class:`Authenticator` is what a socket needs of this (see :mod:`omni_trio.control.sockets.zmq_trio`): a
 process builds one and hands it, through its endpoint, to every socket it creates. Authentication
-over TCP between hosts (CURVE, issue #16) plugs in at the same place, as another authenticator.
+over TCP between hosts (CURVE) plugs in at the same place, as another authenticator.
 
 Cost on the hot path: one BLAKE2b of the message on each side, ~1.5 µs for a control message of a
-few hundred bytes (docs/benchmarks.md, the hop budget); a big pickled header costs ~1 ms per MiB.
+few hundred bytes (benchmarks/NOTES.md, the hop budget); a big pickled header costs ~1 ms per MiB.
 
 On a CURVE connection (``seal(..., over_curve=True)``) the tensor frames (memoryviews of a tensor's
 own storage, :mod:`omni_trio.comm.tcp`) are bound by their position and length only, not hashed:
@@ -21,7 +21,7 @@ libzmq already authenticates every frame of such a connection, whose peers hold 
 hashing hundreds of MiB again cost more than the encryption. The proof then ends with the indexes of
 those frames (covered by the MAC itself, so they cannot be changed); everything a decoder or the
 unpickler reads (the tag, the body, a pickled header) is still proven on every socket. See
-docs/design.md §10.
+docs/design.md.
 """
 
 from __future__ import annotations

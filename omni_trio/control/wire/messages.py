@@ -1,4 +1,4 @@
-"""Control-plane messages (SPEC §2.2) as attrs classes.
+"""Control-plane messages as attrs classes.
 
 Every message class is frozen, registered under a short type tag with
 :func:`message`, and encoded/decoded by :mod:`omni_trio.control.wire.codec`.
@@ -96,7 +96,7 @@ class Submit(ControlMessage):
 class DataReady(ControlMessage):
     """Stage → stage: a payload, a stream chunk, or a stream done/error signal.
 
-    Variants (SPEC §2.3): a *signal* has ``is_done`` or ``error`` (never
+    Variants: a *signal* has ``is_done`` or ``error`` (never
     both) and neither ``data_ref`` nor ``chunk_id``; anything else carries a
     ``data_ref`` map (a DataRef wire map, see ``omni_trio.comm.dataref``);
     a ``chunk_id`` (>= 0) makes it stream chunks: ``chunk_count`` consecutive
