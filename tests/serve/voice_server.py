@@ -9,87 +9,33 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
-import attrs
 import numpy as np
 import openai
 import soxr
-import trio
 
-import omni_trio as ot
 from examples.omni_speech.serve_voice import make_serve_voice_config
 from examples.omni_speech.voice import spoken
 from omni_trio.serve.limits import SocketLimits
+from tests.serve.threaded_server import ThreadServer, server_in_thread
 
 T = TypeVar("T")
 MODEL = "omni-voice"
 CHUNK = 24_000 * 2 // 10  # 100 ms of PCM16 at 24 kHz
 
 
-@attrs.define
-class VoiceServer:
-    """The running server: its URL, and a way into its loop."""
-
-    url: str
-    pipeline: ot.Pipeline
-    token: trio.lowlevel.TrioToken
-
-    @property
-    def ws_url(self) -> str:
-        """The WebSocket base URL of the OpenAI API (``.../v1``)."""
-        return self.url.replace("http://", "ws://") + "/v1"
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``await fn(*args)`` on the server's loop, from a test's thread."""
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
+#: The served voice pipeline (see :mod:`tests.serve.threaded_server`).
+VoiceServer = ThreadServer
 
 
 @contextlib.contextmanager
 def voice_server(placement: str = "embedded", limits: SocketLimits | None = None) -> Iterator[VoiceServer]:
     """Serve the voice pipeline with ``ot.serve_http`` on a free port until the block ends."""
     config = make_serve_voice_config(placement, model=MODEL)
-    started = threading.Event()
-    stop: list[trio.Event] = []
-    server: list[VoiceServer] = []
-    failure: list[BaseException] = []
-
-    async def main() -> None:
-        with trio.fail_after(600):  # the whole module's tests
-            async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
-                address = await nursery.start(
-                    functools.partial(ot.serve_http, pipeline, config, "127.0.0.1", 0, limits=limits))
-                stop.append(trio.Event())
-                server.append(VoiceServer(address.url, pipeline, trio.lowlevel.current_trio_token()))
-                started.set()
-                await stop[0].wait()
-                nursery.cancel_scope.cancel()
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            failure.append(exc)
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=run, name=f"voice-server-{placement}")
-    thread.start()
-    started.wait(180)
-    try:
-        if failure or not server:
-            raise RuntimeError(f"the voice server did not start: {failure!r}")
-        yield server[0]
-    finally:
-        if stop:
-            trio.from_thread.run_sync(stop[0].set, trio_token=server[0].token)
-        thread.join(60)
-        assert not thread.is_alive(), "the voice server did not stop"
-        if failure:
-            raise failure[0]
+    with server_in_thread(config, VoiceServer, f"voice server ({placement})", limits=limits) as server:
+        yield server
 
 
 def speech_pcm16(text: str, rate: int = 24_000) -> bytes:
