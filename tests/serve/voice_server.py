@@ -12,10 +12,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
+import attrs
 import numpy as np
 import openai
 import soxr
 
+import omni_trio as ot
 from examples.omni_speech.serve_voice import make_serve_voice_config
 from examples.omni_speech.voice import spoken
 from omni_trio.serve.limits import SocketLimits
@@ -31,9 +33,13 @@ VoiceServer = ThreadServer
 
 
 @contextlib.contextmanager
-def voice_server(placement: str = "embedded", limits: SocketLimits | None = None) -> Iterator[VoiceServer]:
-    """Serve the voice pipeline with ``ot.serve_http`` on a free port until the block ends."""
+def voice_server(placement: str = "embedded", limits: SocketLimits | None = None,
+                 admission: ot.StreamAdmissionConfig | None = None) -> Iterator[VoiceServer]:
+    """Serve the voice pipeline with ``ot.serve_http`` on a free port until the block ends (``admission``:
+    its stream admission, the default's otherwise)."""
     config = make_serve_voice_config(placement, model=MODEL)
+    if admission is not None:
+        config = attrs.evolve(config, stream_admission=admission)
     with server_in_thread(config, VoiceServer, f"voice server ({placement})", limits=limits) as server:
         yield server
 
