@@ -14,10 +14,15 @@ A message not confirmed within :data:`RESEND_S` is sent again, the interval doub
 :data:`RESEND_MAX_S`, until it is confirmed or the process is known gone (:meth:`AbortDelivery.forget`:
 it died, or it is being restarted). A queue with nothing queued and nothing unconfirmed sleeps on an
 event: idle, it costs nothing.
+
+A caller waits for a delivery (its ``released``) at most :data:`WAIT_BOUND_S` (a worker that stopped
+answering does not hold it for good): one task for all deliveries sleeps until the oldest
+unconfirmed one's bound, then lets its waiters go (logged) while the delivery goes on.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Collection
@@ -36,6 +41,8 @@ MAX_BATCH = 512
 #: How long a sent Abort waits for its confirmation before it is sent again; the wait then doubles.
 RESEND_S = 1.0
 RESEND_MAX_S = 8.0
+#: How long a delivery's waiters wait for every process's confirmation (delivery goes on after it).
+WAIT_BOUND_S = 5.0
 
 
 @attrs.define(eq=False)
@@ -54,9 +61,17 @@ class Awaited:
 
 @attrs.define(eq=False)
 class Delivery(Awaited):
-    """The abort of one request: ``done`` once every process it went to confirmed it (or is gone)."""
+    """The abort of one request: ``done`` once every process it went to confirmed it (or is gone);
+    ``released`` then too, or once its waiters stop waiting (:data:`WAIT_BOUND_S`)."""
 
     request_id: str
+    released: trio.Event = attrs.field(factory=trio.Event, kw_only=True)
+
+    def arrived(self, process: str) -> None:
+        """``process`` confirmed (or is gone)."""
+        super().arrived(process)
+        if self.done.is_set():
+            self.released.set()
 
 
 @attrs.define(eq=False)
@@ -94,12 +109,23 @@ class AbortDelivery:
         self._endpoint = endpoint
         self._queues: dict[str, _AbortQueue] = {}
         self._tokens = itertools.count()
+        #: Unconfirmed deliveries in the order they began, each with the time its waiters are let go.
+        self._bounds: collections.deque[tuple[float, Delivery]] = collections.deque()
+        self._bounded = trio.Event()  # set while _bounds has entries (the bounds task waits on it)
+        self._bounds_task = False
 
     def deliver(self, request_id: str, processes: Collection[str]) -> Delivery:
         """Queue the abort of ``request_id`` to each of ``processes``; its ``done`` fires once all confirmed."""
         delivery = Delivery(set(processes), request_id)
         if not delivery.waiting:
             delivery.done.set()
+            delivery.released.set()
+        else:
+            self._bounds.append((trio.current_time() + WAIT_BOUND_S, delivery))
+            self._bounded.set()
+            if not self._bounds_task:
+                self._bounds_task = True
+                self._endpoint.spawn(self._let_go_overdue)
         for process in processes:
             queue = self._queues.get(process)
             if queue is None:
@@ -127,6 +153,23 @@ class AbortDelivery:
             delivery.arrived(process)
         queue.queued.clear()
         queue.sent.clear()
+
+    async def _let_go_overdue(self) -> None:
+        """Forever: release each delivery still unconfirmed at its bound (see the module docstring)."""
+        while True:
+            await self._bounded.wait()
+            while self._bounds:
+                let_go_at, delivery = self._bounds[0]
+                if delivery.released.is_set():
+                    self._bounds.popleft()
+                    continue
+                await trio.sleep_until(let_go_at)
+                if not delivery.released.is_set():
+                    log.warning(
+                        "abort_not_confirmed_yet", request_id=delivery.request_id, processes=sorted(delivery.waiting)
+                    )
+                    delivery.released.set()
+            self._bounded = trio.Event()
 
     async def _run(self, queue: _AbortQueue) -> None:
         with queue.scope:

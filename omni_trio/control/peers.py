@@ -16,6 +16,11 @@ from omni_trio.control.sockets.base import Inbox, Link, SocketBackend
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.codec import encode
 
+#: Messages that go before whatever else waits to be sent on their link: an abort must reach a stage
+#: before the work it stops (not behind a burst of submits), and its confirmation must not wait
+#: behind the results the caller is receiving.
+URGENT = (m.Abort, m.AbortDone)
+
 
 class Peers:
     """The sockets of one process to and from the run's ``processes`` (see the module docstring).
@@ -132,7 +137,8 @@ class Peers:
         self._adopted.append(sock)
 
     async def send(self, process: str, message: m.ControlMessage) -> None:
-        """Send one control message to ``process``."""
+        """Send one control message to ``process``; an abort or its confirmation goes before the
+        messages other tasks are waiting to send there (:data:`URGENT`)."""
         link = self._links.get(process)
         if link is None:
             if process in self._tcp_peers and process not in self._tcp:
@@ -140,7 +146,7 @@ class Peers:
                 # from a peer can reach us before that one does.
                 await self._peers_known.wait()
             link = self._link_to(process)
-        await link.send_multipart(encode(message))
+        await link.send_multipart(encode(message), urgent=isinstance(message, URGENT))
 
     def _link_to(self, process: str) -> Link:
         link = self._links.get(process)

@@ -4,44 +4,48 @@ A failed or aborted request is dropped everywhere before its caller hears of
 it (fast-fail): :meth:`AbortsUnderWay.start` starts the abort at once (the
 placement delivers it, :mod:`omni_trio.control.aborts`), and
 :meth:`AbortsUnderWay.settled` waits for it.
+
+No task runs per abort: the placement's event says when it is done, and the
+events already set are forgotten as new aborts start. A storm of ten thousand
+aborts is then ten thousand dictionary entries, not ten thousand tasks the
+caller's loop must step through while the aborts wait their turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-
 import trio
 
 from omni_trio.coordinator.placement import Placement
-from omni_trio.tracing.trace import get_logger
 
 __all__ = ["AbortsUnderWay"]
-
-log = get_logger(__name__)
 
 
 class AbortsUnderWay:
     """The aborts under way, by request id.
 
     ``placement.abort(request_id)`` starts telling every stage to drop the request and returns
-    what to await until every stage did; the wait runs in ``nursery``.
+    an event that fires once every stage did (the placement bounds how long it waits for a
+    process that does not answer).
     """
 
-    def __init__(self, placement: Placement, nursery: trio.Nursery) -> None:
+    def __init__(self, placement: Placement) -> None:
         self._placement = placement
-        self._nursery = nursery
         self._aborting: dict[str, trio.Event] = {}
+        #: How many entries the next sweep of finished aborts waits for (amortised: twice the
+        #: entries the last sweep left, so each abort is swept a bounded number of times).
+        self._sweep_at = 64
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._aborting
+        done = self._aborting.get(request_id)  # type: ignore[call-overload]
+        return done is not None and not done.is_set()
 
     def start(self, request_id: str) -> trio.Event:
         """Start (once) the abort of ``request_id``; the event fires when every stage dropped it."""
         done = self._aborting.get(request_id)
-        if done is None:
-            confirmed = self._placement.abort(request_id)
-            done = self._aborting[request_id] = trio.Event()
-            self._nursery.start_soon(self._run, request_id, done, confirmed)
+        if done is None or done.is_set():
+            done = self._aborting[request_id] = self._placement.abort(request_id)
+            if len(self._aborting) >= self._sweep_at:
+                self._sweep()
         return done
 
     async def settled(self, request_id: str) -> None:
@@ -52,17 +56,12 @@ class AbortsUnderWay:
 
     async def wait_all(self) -> None:
         """Wait until no abort is under way, those started meanwhile included."""
-        while self._aborting:
+        while True:
+            self._sweep()
+            if not self._aborting:
+                return
             await next(iter(self._aborting.values())).wait()
 
-    async def _run(self, request_id: str, done: trio.Event, confirmed: Awaitable[None]) -> None:
-        try:
-            # Shielded (the placement bounds its wait): an abort must reach every stage even
-            # when the caller's scope, and with it this task, is being cancelled.
-            with trio.CancelScope(shield=True):
-                await confirmed
-        except Exception as exc:  # noqa: BLE001 - a stage that kept the id is found by the safety net (control/audit.py)
-            log.warning("abort_broadcast_failed", request_id=request_id, error=repr(exc))
-        finally:
-            del self._aborting[request_id]
-            done.set()
+    def _sweep(self) -> None:
+        self._aborting = {rid: done for rid, done in self._aborting.items() if not done.is_set()}
+        self._sweep_at = max(64, 2 * len(self._aborting))

@@ -76,7 +76,7 @@ class Coordinator:
         self._tracer = tracer
         self._nursery = nursery
         self._live: dict[str, LiveRequest] = {}
-        self._aborts = AbortsUnderWay(placement, nursery)
+        self._aborts = AbortsUnderWay(placement)
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Protocol
+
+import trio
 
 from omni_trio.payload import StagePayload
 from omni_trio.stage.stats import StageStats
@@ -22,9 +23,10 @@ class Placement(Protocol):
     async def submit(self, stage: str, payload: StagePayload) -> None:
         """Deliver a new request to ``stage`` (the entry stage)."""
 
-    def abort(self, request_id: str) -> Awaitable[None]:
+    def abort(self, request_id: str) -> trio.Event:
         """Start telling every stage to drop ``request_id`` (at once: nothing waits in a task before
-        the abort is on its way); await the result to wait until every stage did."""
+        the abort is on its way); the event fires once every stage did, or once the placement
+        stops waiting for a process that does not answer (it goes on delivering the abort)."""
 
     async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
         """Every stage's counters; :class:`~omni_trio.StatsTimeout` when a process does not answer in ``timeout`` s."""

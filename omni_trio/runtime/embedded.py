@@ -7,7 +7,7 @@ No child process and no socket: the coordinator hands requests to the stages dir
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
@@ -37,11 +37,13 @@ class EmbeddedPlacement:
         self._transports.note("submit", stage, "local_object", tensor_bytes(payload))
         await self._stages[stage].on_submit(payload)
 
-    def abort(self, request_id: str) -> Awaitable[None]:
-        """Every stage drops ``request_id``, at once (the result is awaited for the protocol's sake)."""
+    def abort(self, request_id: str) -> trio.Event:
+        """Every stage drops ``request_id``, at once: the event returned is set already."""
         for stage in self._stages.values():
             stage.on_abort(request_id)
-        return trio.lowlevel.checkpoint()
+        done = trio.Event()
+        done.set()
+        return done
 
     async def stats(self, timeout: float | None = None) -> dict[str, StageStats]:
         """Every stage's counters (read at once: ``timeout`` has nothing to bound)."""

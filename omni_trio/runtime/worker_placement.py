@@ -13,7 +13,6 @@ failures) reach the coordinator through :mod:`omni_trio.runtime.stage_reports`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -23,7 +22,7 @@ from omni_trio.comm.dataref import DataRefKind
 from omni_trio.comm.transfer import tensor_bytes
 from omni_trio.config import MAIN_PROCESS
 from omni_trio.config.replicas import replica_name
-from omni_trio.control.aborts import AbortDelivery, Awaited, Delivery
+from omni_trio.control.aborts import AbortDelivery, Awaited
 from omni_trio.control.bindings import BindingTable
 from omni_trio.control.endpoint import COORDINATOR, Endpoint
 from omni_trio.control.wire import messages as m
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-#: How long an abort's caller waits for every worker's confirmation (delivery goes on after it).
-ABORT_ACK_TIMEOUT_S = 5.0
 #: How long stats() waits for every worker's reply.
 STATS_TIMEOUT_S = 10.0
 #: How long a worker's death waits to learn which requests the other workers hold (a request held
@@ -171,27 +168,20 @@ class WorkerPlacement:
             make=lambda ref: m.Submit(request_id=request_id, to_stage=stage, data_ref=ref, replica_bindings=bindings),
         )
 
-    def abort(self, request_id: str) -> Awaitable[None]:
+    def abort(self, request_id: str) -> trio.Event:
         """Every stage drops ``request_id``: the caller's stages now, the workers' once their abort queues
-        send it; await the result to wait until every live worker confirmed.
+        send it; the event fires once every live worker confirmed.
 
-        The wait is bounded by :data:`ABORT_ACK_TIMEOUT_S` (a worker that stopped answering does
-        not hold its caller for good); the delivery itself goes on, resent until every worker
-        confirmed or is known gone.
+        It fires at the latest :data:`~omni_trio.control.aborts.WAIT_BOUND_S` after the abort was
+        sent (a worker that stopped answering does not hold its caller for good); the delivery
+        itself goes on, resent until every worker confirmed or is known gone.
         """
         held = self._held.get(request_id)
         if held is not None:
             held.cancel()
         for stage in self._local.values():
             stage.on_abort(request_id)
-        return self._confirmed(self._aborts.deliver(request_id, self._live()))
-
-    @staticmethod
-    async def _confirmed(delivery: Delivery) -> None:
-        with trio.move_on_after(ABORT_ACK_TIMEOUT_S):
-            await delivery.done.wait()
-        if delivery.waiting:
-            log.warning("abort_not_confirmed_yet", request_id=delivery.request_id, processes=sorted(delivery.waiting))
+        return self._aborts.deliver(request_id, self._live()).released
 
     async def _on_abort_done(self, message: m.AbortDone) -> None:
         self._aborts.on_done(message)

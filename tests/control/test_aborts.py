@@ -147,6 +147,25 @@ def test_a_process_that_is_gone_is_no_longer_waited_for() -> None:
     run(test)
 
 
+def test_waiters_are_released_at_the_bound_while_the_abort_goes_on_being_resent() -> None:
+    async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
+        plane.network.drop("p2", "main", m.AbortDone, count=100)  # p2 works on, its confirmations are lost
+        start = trio.current_time()
+        first = delivery.deliver("r1", ["p1", "p2"])
+        await trio.sleep(2)
+        second = delivery.deliver("r2", ["p1", "p2"])
+        await first.released.wait()
+        assert round(trio.current_time() - start, 6) == aborts.WAIT_BOUND_S
+        assert first.waiting == {"p2"} and not first.done.is_set()
+        await second.released.wait()  # each from its own start: one task keeps every bound
+        assert round(trio.current_time() - start, 6) == 2 + aborts.WAIT_BOUND_S
+        await trio.sleep(20)
+        assert len(aborts_to(plane, "p2")) > 4  # still resent: the delivery goes on after its waiters left
+        assert not second.done.is_set()
+
+    run(test)
+
+
 def test_an_abort_to_no_process_is_done_at_once() -> None:
     async def test(plane: Plane, delivery: AbortDelivery, s1: Recorder, s2: Recorder) -> None:
         assert delivery.deliver("r1", []).done.is_set()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -106,6 +107,26 @@ async def test_a_full_peer_makes_the_sender_wait_and_a_cancelled_send_loses_noth
                 received.append(int.from_bytes(frames[1], "little"))
         # The cancelled message was sent whole or not at all; each earlier one arrived, whole and once.
         assert received in (list(range(sent)), list(range(sent + 1)))
+        push.close()
+
+
+async def test_an_urgent_message_goes_before_the_messages_waiting_to_be_sent(inbox_path: str) -> None:
+    # Ten thousand submits queued on a full link must not hold an abort back: it is written next.
+    with trio.fail_after(20), UnixPull(inbox_path, POLICY) as pull:
+        push = UnixPush(inbox_path, POLICY)
+        bulky = b"p" * 600_000  # more than the socket buffer holds
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(push.send_multipart, [b"first", bulky])
+            await trio.testing.wait_all_tasks_blocked()  # the link is full: the first send waits in its write
+            for n in range(5):  # five senders wait for their turn, one after the other
+                nursery.start_soon(push.send_multipart, [f"queued {n}".encode(), bulky])
+                await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(functools.partial(push.send_multipart, [b"abort", b""], urgent=True))
+            await trio.testing.wait_all_tasks_blocked()
+            order = [(await pull.recv_multipart())[0] for _ in range(7)]
+        # What was written in part finishes first (the stream needs it whole); then the urgent one.
+        assert order[0] == b"first" and order[1] == b"abort"
+        assert order[2:] == [f"queued {n}".encode() for n in range(5)]  # the others keep their order
         push.close()
 
 

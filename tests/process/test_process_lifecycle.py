@@ -21,10 +21,10 @@ import trio.testing
 
 import omni_trio as ot
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind
+from omni_trio.control import aborts as aborts_module
 from omni_trio.control import dispatch as dispatch_module
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.codec import encode
-from omni_trio.runtime import worker_placement as placement_module
 from omni_trio.runtime.workers import supervisor as supervisor_module
 from tests.placement import stage
 from tests.process import helpers
@@ -302,7 +302,7 @@ async def test_caller_exception_group_propagates_unchanged(ipc_base: Path) -> No
 def short_stop_timeouts(monkeypatch: pytest.MonkeyPatch) -> float:
     """Shorter waits for abort confirmations and graceful worker exits, so that a shutdown that
     misses them is both detectable and quick; returns the time a clean shutdown must beat."""
-    monkeypatch.setattr(placement_module, "ABORT_ACK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(aborts_module, "WAIT_BOUND_S", 1.0)
     monkeypatch.setattr(supervisor_module, "GRACEFUL_STOP_S", 3.0)
     monkeypatch.setattr(supervisor_module, "FIRM_STOP_S", 1.0)
     return 2.5

@@ -30,7 +30,7 @@ import pytest
 import trio
 
 import omni_trio as ot
-from omni_trio.runtime import worker_placement as placement_module
+from omni_trio.control import aborts as aborts_module
 from tests.process import helpers
 from tests.reliability.abort_stages import HOG, read_starts
 
@@ -46,7 +46,7 @@ CONFIRM_WAIT_S = 20.0
 
 @pytest.fixture(autouse=True)
 def long_confirm_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placement_module, "ABORT_ACK_TIMEOUT_S", CONFIRM_WAIT_S)
+    monkeypatch.setattr(aborts_module, "WAIT_BOUND_S", CONFIRM_WAIT_S)
 
 
 def chain_config(base: Path, *, hog_s: float = 0.0, **b_kwargs: float) -> ot.PipelineConfig:

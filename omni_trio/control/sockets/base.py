@@ -56,8 +56,9 @@ class Inbox(Protocol):
 class Link(Protocol):
     """Sends messages to one peer's inbox (any number of tasks may send)."""
 
-    async def send_multipart(self, frames: Sequence[Frame]) -> None:
-        """Send one message, whole, or nothing (cancel-safe); waits while the link is full."""
+    async def send_multipart(self, frames: Sequence[Frame], *, urgent: bool = False) -> None:
+        """Send one message, whole, or nothing (cancel-safe); waits while the link is full. An
+        ``urgent`` message goes before the messages other tasks are waiting to send."""
         ...
 
     def close(self) -> None:

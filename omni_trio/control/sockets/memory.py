@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from omni_trio.control.sockets.turns import SendTurns
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
 from omni_trio.control.wire import messages as m
 from omni_trio.control.wire.auth import Frame
@@ -167,7 +168,7 @@ class MemoryLink:
         self._address = address
         self._auth = policy.auth
         self._max_bytes = policy.max_message_bytes
-        self._lock = trio.StrictFIFOLock()
+        self._turns = SendTurns()
         self._held: list[list[bytes]] = []
         self._closed = False
         #: Messages dropped because nobody was bound at the address.
@@ -183,8 +184,9 @@ class MemoryLink:
         """Where it sends."""
         return self._address
 
-    async def send_multipart(self, frames: Sequence[Frame]) -> None:
-        """Send one message, whole (or nothing: cancel-safe); waits while the inbox is full."""
+    async def send_multipart(self, frames: Sequence[Frame], *, urgent: bool = False) -> None:
+        """Send one message, whole (or nothing: cancel-safe); waits while the inbox is full; an
+        ``urgent`` one goes before those other tasks wait to send."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise trio.ClosedResourceError("the link was closed")
@@ -193,18 +195,24 @@ class MemoryLink:
         if size > self._max_bytes:
             raise MessageTooLarge(size, self._max_bytes)
         copies = self._network.admit(self, decode(frames))
-        async with self._lock:
+        await self._turns.take(urgent=urgent)
+        try:
             if self._network.holds(self):
                 self._held.extend([sealed] * copies)
             for _ in range(copies):
                 await self._deliver(sealed)
+        finally:
+            self._turns.release()
 
     async def flush_held(self) -> None:
         """Deliver what a :meth:`MemoryNetwork.hold` kept back, in order."""
-        async with self._lock:
+        await self._turns.take(urgent=False)
+        try:
             held, self._held = self._held, []
             for sealed in held:
                 await self._deliver(sealed)
+        finally:
+            self._turns.release()
 
     async def _deliver(self, sealed: list[bytes]) -> None:
         if self._network.holds(self):

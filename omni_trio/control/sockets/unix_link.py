@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import trio
 
 from omni_trio.control.sockets.framing import frame_view, message_head
+from omni_trio.control.sockets.turns import SendTurns
 from omni_trio.control.sockets.zmq_sockets import IpcPath, ipc_endpoint
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
 from omni_trio.control.wire.auth import Frame
@@ -104,7 +105,7 @@ class UnixPush:
         self._closed = False
         self._closing = False  # the process is shutting down: drops are expected, not warnings
         self._sock: socket.socket | None = None
-        self._lock = trio.StrictFIFOLock()
+        self._turns = SendTurns()
         #: Messages dropped because nobody listened at the path.
         self.undeliverable = 0
 
@@ -122,13 +123,14 @@ class UnixPush:
         if self._closed:
             raise trio.ClosedResourceError("the link was closed")
 
-    async def send_multipart(self, frames: Sequence[Frame]) -> None:
+    async def send_multipart(self, frames: Sequence[Frame], *, urgent: bool = False) -> None:
         """Send one message, whole; waits (without polling) while the peer's socket buffer is full.
 
-        Cancel-safe: the message is either sent whole or not at all. A frame over the policy's
-        ``max_message_bytes`` raises MessageTooLarge (nothing sent); a peer that is not listening
-        loses the message (counted, see the module docstring). Raises trio.ClosedResourceError
-        once closed.
+        An ``urgent`` message goes before the messages other tasks wait to send
+        (:class:`~omni_trio.control.sockets.turns.SendTurns`). Cancel-safe: the message is either
+        sent whole or not at all. A frame over the policy's ``max_message_bytes`` raises
+        MessageTooLarge (nothing sent); a peer that is not listening loses the message (counted,
+        see the module docstring). Raises trio.ClosedResourceError once closed.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
@@ -137,15 +139,18 @@ class UnixPush:
         if sum(sizes) > self._max_bytes:
             raise MessageTooLarge(sum(sizes), self._max_bytes)
         buffers: list[memoryview] = [memoryview(message_head(sizes)), *views]
-        if self._lock.locked():
-            async with self._lock:
+        if self._turns.busy():
+            await self._turns.take(urgent=urgent)
+            try:
                 await self._write(buffers)
+            finally:
+                self._turns.release()
             return
-        self._lock.acquire_nowait()
+        self._turns.take_nowait()
         try:
             yielded = await self._write(buffers)
         finally:
-            self._lock.release()
+            self._turns.release()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
 

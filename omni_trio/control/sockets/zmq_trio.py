@@ -55,6 +55,7 @@ import trio
 import zmq
 
 from omni_trio.control.sockets.limits import InboxLimits
+from omni_trio.control.sockets.turns import SendTurns
 from omni_trio.control.wire.auth import Authenticator, Frame
 from omni_trio.control.wire.curve import Curve
 from omni_trio.errors import MessageTooLarge
@@ -116,7 +117,7 @@ class TrioSocket:
         self._fd = int(socket.getsockopt(zmq.FD))
         self._closed = False
         self._recv_lock = trio.Lock()
-        self._send_lock = trio.Lock()
+        self._send_turns = SendTurns()
         self._waiters: dict[int, _Waiter] = {}
         self._watcher: _Waiter | None = None
 
@@ -239,8 +240,9 @@ class TrioSocket:
             if opened is not None:
                 return opened
 
-    async def send_multipart(self, frames: Sequence[Frame]) -> None:
-        """Send one message; waits (without polling) while the socket is at its HWM.
+    async def send_multipart(self, frames: Sequence[Frame], *, urgent: bool = False) -> None:
+        """Send one message; waits (without polling) while the socket is at its HWM (an ``urgent``
+        message before the others waiting; what zmq queued already goes first).
 
         Frames of 64 KiB and more are sent without copying (pyzmq's copy
         threshold): do not mutate their buffers afterwards. Cancel-safe: the
@@ -264,7 +266,8 @@ class TrioSocket:
             self._after_op()
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        async with self._send_lock:
+        await self._send_turns.take(urgent=urgent)
+        try:
             while True:
                 self._check_open()
                 try:
@@ -274,6 +277,8 @@ class TrioSocket:
                     continue
                 self._after_op()
                 return
+        finally:
+            self._send_turns.release()
 
     def _send_now(self, frames: Sequence[Frame]) -> None:
         """``send_multipart(frames, NOBLOCK)``, with the flags as plain ints: pyzmq's own loop ORs
