@@ -34,7 +34,11 @@ DRIVERS = {"inproc": InProcessDriver, "http": HttpDriver}
 
 
 def _numbers(text: str, kind: type) -> list[Any]:
-    return [kind(part) for part in text.split(",") if part.strip()]
+    """A comma-separated list of positive numbers ("" for none)."""
+    numbers = [kind(part) for part in text.split(",") if part.strip()]
+    if any(number <= 0 for number in numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be positive (an empty list runs none)")
+    return numbers
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -108,7 +112,8 @@ async def run_all(args: argparse.Namespace, shape: PipelineShape) -> tuple[list[
 def _line(run: dict[str, Any]) -> str:
     ttfp = run["ttfp_ms"] or {"p50_ms": float("nan"), "p99_ms": float("nan")}
     free = "/".join(f"{run['gap_free_rate'][str(t)] or 0:.2f}" for t in TOLERANCES_MS)
-    return (f"{run['completed']}/{run['streams']} ok, {run['refused']} refused, {run['failed']} failed; "
+    refused = f" (p99 {run['refusal_ms']['p99_ms']:.1f} ms)" if run.get("refusal_ms") else ""
+    return (f"{run['completed']}/{run['streams']} ok, {run['refused']} refused{refused}, {run['failed']} failed; "
             f"TTFP p50 {ttfp['p50_ms']:.0f} ms p99 {ttfp['p99_ms']:.0f} ms; gap-free@50/100/200 {free}; "
             f"goodput@100 {run['goodput_per_s']['100']:.2f}/s; "
             f"CPU {run['cpu_s_per_stream']['total'] * 1000:.0f} ms/stream")

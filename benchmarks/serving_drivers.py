@@ -23,6 +23,7 @@ import trio
 import omni_trio as ot
 from benchmarks.measure import descendant_pids, proc_cpu_ticks
 from benchmarks.serving_metrics import StreamRecord, load_offsets
+from benchmarks.serving_model import SAMPLE_RATE
 from benchmarks.serving_stages import MODEL, PipelineShape, make_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,11 @@ class InProcessDriver:
             async with self._pipeline.stream(request_id, "speak", params={"frames": self.shape.frames}) as events:
                 async for event in events:
                     if isinstance(event, ot.StreamMessage) and event.modality == "audio":
-                        record.arrivals.append((time.perf_counter(), len(event.chunk) // 2))
+                        samples = len(event.chunk) // 2
+                        record.arrivals.append((time.perf_counter(), samples))
+                        # As a player passing the audio on (the HTTP server does the same): stream
+                        # admission then times the stream by its playback deadline.
+                        events.declare_playback(samples / SAMPLE_RATE)
         except ot.QueueFullError:
             record.outcome = "refused"
         except Exception as exc:  # noqa: BLE001 - a failed stream is a result, counted as such

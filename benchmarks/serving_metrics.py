@@ -14,7 +14,8 @@ a whole 80 ms chunk in process, whatever bytes one HTTP read returned over HTTP.
   pushes the rest of the schedule back): the total time it stood still.
 - Per run: TTFP percentiles, the share of gap-free streams at each tolerance (of the streams admitted:
   a failed stream is not gap-free; refused ones are counted apart), underrun seconds, and **goodput**:
-  gap-free streams per second of the run's wall time.
+  gap-free streams per second of the run's wall time; and how long a refused stream took to hear
+  its refusal (**refusal time**: the refusal's arrival - sent).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def summarize(records: list[StreamRecord], sample_rate: int, wall_s: float) -> d
     admitted = counts["ok"] + counts["failed"]
     gap_free = {str(tol): sum(1 for m in done if m["gaps"][str(tol)] == 0) for tol in TOLERANCES_MS}
     rtfs = sorted(m["rtf"] for m in done)
+    refusals = [r.finished - r.sent for r in records if r.outcome == "refused" and r.finished is not None]
     return {
         "streams": len(records),
         "completed": counts["ok"],
@@ -108,6 +110,7 @@ def summarize(records: list[StreamRecord], sample_rate: int, wall_s: float) -> d
                        "max": max((m["underrun_s"] for m in done), default=0.0)},
         "max_late_ms": max((m["max_late_s"] for m in done), default=0.0) * 1000,
         "audio_s": sum(m["audio_s"] for m in done),
+        "refusal_ms": percentiles_ms(refusals) if refusals else None,
         "errors": sorted({r.error for r in records if r.outcome == "failed"})[:5],
     }
 

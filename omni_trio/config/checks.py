@@ -294,6 +294,8 @@ def stream_admission_problems(admission: StreamAdmissionConfig) -> list[ConfigPr
         value = getattr(admission, field)
         if not _is_seconds(value):
             problems.append(ConfigProblem(f"{at}.{field}", f"expected a number >= 0, got {value!r}"))
+    if not _is_seconds(admission.max_pace) or admission.max_pace == 0:
+        problems.append(ConfigProblem(f"{at}.max_pace", f"expected a number > 0, got {admission.max_pace!r}"))
     if not _is_whole(admission.cadence_arrivals, 1):
         problems.append(ConfigProblem(f"{at}.cadence_arrivals",
                                       f"expected a whole number >= 1, got {admission.cadence_arrivals!r}"))

@@ -62,7 +62,10 @@ class StreamAdmissionConfig:
     stream's deadline comes from the playback seconds its reader declares (the HTTP server declares
     each audio chunk's), else from its own cadence: its first ``cadence_arrivals`` arrivals set the
     pace, and a chunk later than that pace times ``1 + cadence_tolerance`` is a stall. A stream whose
-    deadline is not known yet (no chunk yet, text) never causes a refusal. ``mode="fixed"`` refuses
+    deadline is not known yet (no chunk yet, text) never causes a refusal. It also refuses before any
+    stream is behind when the pace it measured at the loads it has seen (wall seconds per second of
+    declared playback, against the number of live streams) predicts more than ``max_pace`` with one
+    more stream. ``mode="fixed"`` refuses
     once ``max_streams`` streams are live; ``mode="off"`` never refuses a stream for its own sake
     (``max_in_flight`` still applies). A session's operations (``pipeline.session``) are never refused
     by it: the session was admitted when it opened.
@@ -75,6 +78,7 @@ class StreamAdmissionConfig:
     stall_tolerance_s: float = 0.05
     cadence_arrivals: int = 4
     cadence_tolerance: float = 0.5
+    max_pace: float = 0.9
 
 
 @attrs.frozen

@@ -22,6 +22,14 @@ one may start (``config.stream_admission``, :class:`~omni_trio.StreamAdmissionCo
   input, for a tool), which says nothing about the pipeline's load. Text chunks are not timed (nobody
   plays them). A stream with no known deadline yet never causes a refusal, so a pipeline below
   saturation never sees one.
+
+  Stalls are seen only once streams already underrun. So that a burst of new streams does not push
+  the admitted ones past real time in the first place, the adaptive mode also learns the pipeline's
+  *pace* against load: for declared streams, the wall seconds each playback second took to arrive,
+  by how many streams were live (:class:`PaceTrend`). Once it has seen two loads, a line through
+  them predicts the pace with one more stream; past ``max_pace`` (0.9: a tenth of real time kept in
+  hand) the new stream is refused. The trend follows the machine: other work on it slows the pace,
+  and the predicted capacity falls with it.
 - ``off``: never refuses.
 
 The coordinator feeds it (:meth:`started`, :meth:`arrived`, :meth:`declared`, :meth:`ended`) and asks
@@ -72,6 +80,42 @@ class _Stream:
         self.playback = _Playback(stall_tolerance)
         self.cadence = _Cadence()
         self.declared = False
+        self.last_declared: tuple[float, float] | None = None  # (when, playback seconds) of its last chunk
+
+
+class PaceTrend:
+    """Wall seconds per playback second of declared streams, by the number of live streams, and the
+    line through them (weighted least squares over the loads seen; recent data counts most)."""
+
+    #: Playback seconds a load's figures hold before they are halved: the trend follows the machine.
+    HALF_LIFE_S = 30.0
+    #: Playback seconds a load needs before it counts in the line.
+    MIN_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._by_load: dict[int, list[float]] = {}  # live streams -> [wall seconds, playback seconds]
+
+    def add(self, live: int, wall_s: float, playback_s: float) -> None:
+        """``playback_s`` of a stream's audio took ``wall_s`` to arrive while ``live`` streams were live."""
+        sums = self._by_load.setdefault(live, [0.0, 0.0])
+        sums[0] += wall_s
+        sums[1] += playback_s
+        if sums[1] > self.HALF_LIFE_S:
+            sums[0] /= 2
+            sums[1] /= 2
+
+    def pace(self, live: int) -> float | None:
+        """The predicted wall seconds per playback second with ``live`` streams; None before two loads are known."""
+        points = [(load, wall / played, played) for load, (wall, played) in self._by_load.items()
+                  if played >= self.MIN_SECONDS]
+        if len({load for load, _, _ in points}) < 2:
+            return None
+        total = sum(weight for _, _, weight in points)
+        mean_load = sum(load * weight for load, _, weight in points) / total
+        mean_pace = sum(pace * weight for _, pace, weight in points) / total
+        spread = sum(weight * (load - mean_load) ** 2 for load, _, weight in points)
+        slope = sum(weight * (load - mean_load) * (pace - mean_pace) for load, pace, weight in points) / spread
+        return mean_pace + max(0.0, slope) * (live - mean_load)
 
 
 class StreamAdmission:
@@ -80,6 +124,7 @@ class StreamAdmission:
     def __init__(self, config: StreamAdmissionConfig) -> None:
         self._config = config
         self._streams: dict[str, _Stream] = {}
+        self._trend = PaceTrend()
 
     def refusal(self, now: float) -> str | None:
         """Why a new stream is refused at ``now``, or None when it may start."""
@@ -96,6 +141,10 @@ class StreamAdmission:
             reason = self._behind(stream, now)
             if reason is not None:
                 return f"stream {request_id!r} {reason}, so the live streams cannot take one more; retry later"
+        pace = self._trend.pace(len(self._streams) + 1)
+        if pace is not None and pace > config.max_pace:
+            return (f"with {len(self._streams) + 1} streams the pipeline would make a second of audio in "
+                    f"{pace:.2f}s (stream_admission.max_pace={config.max_pace}); retry later")
         return None
 
     def _behind(self, stream: _Stream, now: float) -> str | None:
@@ -126,6 +175,11 @@ class StreamAdmission:
         if not stream.declared:
             stream.declared = True
             stream.playback = _Playback(self._config.stall_tolerance_s)  # what its cadence said is superseded
+        elif stream.last_declared is not None:
+            # The time this chunk took after the one before, against what the one before plays for.
+            last_at, last_seconds = stream.last_declared
+            self._trend.add(len(self._streams), now - last_at, last_seconds)
+        stream.last_declared = (now, seconds)
         stream.playback.add(now, seconds)
 
     def arrived(self, request_id: str, now: float, modality: str | None) -> None:

@@ -107,6 +107,56 @@ def test_a_declared_stream_falling_behind_refuses_new_streams_until_it_recovers(
     run(main)
 
 
+def test_the_pace_at_the_loads_seen_refuses_the_stream_that_would_take_them_past_max_pace() -> None:
+    """A burst of new streams is refused before any stream underruns: the pace (wall seconds per
+    playback second) measured at 4 and 8 live streams predicts it with one more."""
+
+    async def play(admission: StreamAdmission, streams: list[str], interval: float, seconds: float) -> None:
+        for _ in range(round(seconds / interval)):
+            await trio.sleep(interval)
+            for rid in streams:
+                admission.declared(rid, trio.current_time(), CHUNK_S)
+                assert admission.refusal(trio.current_time()) is None or len(streams) > 8
+
+    async def main() -> None:
+        admission = policy(stall_tolerance_s=0.05)
+        streams = [f"r{n}" for n in range(4)]
+        for rid in streams:
+            admission.started(rid)
+        await play(admission, streams, 0.04, 2.0)  # 4 live: 40 ms per 80 ms chunk, a pace of 0.5
+        assert admission.refusal(trio.current_time()) is None  # one load seen: no trend yet
+        streams += [f"r{n}" for n in range(4, 8)]
+        for rid in streams[4:]:
+            admission.started(rid)
+        await play(admission, streams, 0.054, 2.16)  # 8 live: a pace of 0.675
+        # The line through them: 0.5 at 4 streams, 0.04375 more per stream; 0.894 at 13, 0.9375 at 14.
+        admitted = 8
+        while admission.refusal(trio.current_time()) is None:
+            admission.started(f"r{admitted}")
+            admitted += 1
+        assert admitted == 13
+        reason = admission.refusal(trio.current_time())
+        assert reason is not None and "with 14 streams" in reason and "max_pace=0.9" in reason
+        for n in range(8, 13):
+            admission.ended(f"r{n}")
+        assert admission.refusal(trio.current_time()) is None  # room again once streams end
+
+    run(main)
+
+
+def test_a_stream_with_no_declared_playback_adds_nothing_to_the_pace() -> None:
+    async def main() -> None:
+        admission = policy()
+        for n in range(40):
+            admission.started(f"r{n}")
+            for _ in range(30):
+                admission.arrived(f"r{n}", trio.current_time(), "audio")
+                await trio.sleep(0.5)  # slow, but nobody said how long its chunks play
+        assert admission.refusal(trio.current_time()) is None
+
+    run(main)
+
+
 def test_min_slack_refuses_before_a_stream_runs_dry() -> None:
     async def main() -> None:
         admission = policy(min_slack_s=0.05)
