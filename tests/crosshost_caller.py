@@ -10,16 +10,19 @@ the other namespace, from the command the runtime logs) and prints what the test
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any
 
 import attrs
 import trio
+import trio.testing
 
 import omni_trio as ot
 from examples import ch6_pipeline
 from examples.ch4_fanin import make_config
+from omni_trio.serve.metrics import Metrics
 
 M = "tests.crosshost_stages"
 
@@ -164,6 +167,76 @@ async def killed(main_host: str, far_host: str) -> None:
     _say("RESULT", "the request did not fail")
 
 
+def replicas_config(main_host: str, far_host: str) -> ot.PipelineConfig:
+    """``make`` -> ``where``, a ``manual`` group of 2 replicas: ``p_rep@r0`` on the caller's host,
+    ``p_rep@r1`` on the far host (restarted once on failure); 4 MiB tensors."""
+    return ot.PipelineConfig(
+        entry_stage="make",
+        stages=[
+            ot.StageConfig(name="make", factory_path=f"{M}.create_make", next="where"),
+            ot.StageConfig(name="where", process="p_rep", factory_path=f"{M}.create_where", terminal=True,
+                           replicas=2),
+        ],
+        processes={
+            "main": ot.ProcessConfig(host=main_host),
+            "p_rep": ot.ProcessConfig(launcher="manual", hosts=[main_host, far_host], restart="on-failure",
+                                      max_restarts=1),
+        },
+    )
+
+
+async def replicas(main_host: str, far_host: str) -> None:
+    """8 requests over both replicas (``SERVED``); one held request per replica (``HELD``): the test
+    kills ``p_rep@r1``'s worker, its request fails (``FAILED``), replica 0 keeps serving (``DEGRADED``);
+    the test starts ``p_rep@r1`` again, which serves the next request; then the run's state."""
+    params = {"numel": 1 << 20}
+    outcomes: dict[str, str] = {}
+    died = trio.Event()
+    async with ot.open_pipeline(replicas_config(main_host, far_host), start_timeout=30) as pipeline:
+        _say("READY")
+        served: list[Any] = []
+
+        async def one(rid: str) -> None:
+            served.append(await pipeline.submit(rid, "x", params=params))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, f"r{i}")
+        _say("SERVED", sorted([r["replica"], r["pid"]] for r in served))
+
+        async def held(rid: str) -> None:
+            try:
+                await pipeline.submit(rid, "x", params={**params, "block": True})
+            except ot.StageProcessDied as exc:
+                outcomes[rid] = exc.process
+                died.set()
+            except ot.RequestAborted:
+                outcomes[rid] = "aborted"
+
+        async with trio.open_nursery() as nursery:
+            for rid in ("h0", "h1"):
+                nursery.start_soon(held, rid)
+                await trio.testing.wait_all_tasks_blocked()  # bound before the next one
+            _say("HELD")
+            await died.wait()
+            _say("FAILED", outcomes)
+            stats = await pipeline.stats()
+            during = [(await pipeline.submit(f"c{i}", "x", params=params))["replica"] for i in range(3)]
+            _say("DEGRADED", {"down": stats.down_replicas, "health": pipeline.health().processes, "served": during})
+            while (await pipeline.stats()).degraded:  # the test starts p_rep@r1 again
+                await trio.sleep(0.05)
+            back = await pipeline.submit("d", "x", params=params)
+            _say("BACK", [back["replica"], back["pid"]])
+            kept = next(rid for rid in ("h0", "h1") if rid not in outcomes)
+            await pipeline.abort(kept)
+        stats = await pipeline.stats()
+        metrics = Metrics("m")
+        metrics.runtime.observe(stats)
+        named = sorted(set(re.findall(r'process="([^"]+)"', metrics.render().decode())))
+        _say("STATE", {"idle": stats.idle, "stages": sorted(stats.stages), "health": pipeline.health().processes,
+                       "outcomes": outcomes, "metrics": named})
+
+
 async def partition(main_host: str, far_host: str) -> None:
     """``p_far`` restarts on failure: r0 is served, r1 fails when the test cuts the link (``FAILED``),
     r2 waits for the worker the test starts again, and is served by it; then the caller's state."""
@@ -199,6 +272,7 @@ def main() -> None:
         "restart": restart,
         "killed": killed,
         "partition": partition,
+        "replicas": replicas,
         "transport": transport,
     }
     trio.run(scenarios[scenario], main_host, far_host)

@@ -114,3 +114,36 @@ def create_hold_slot() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
+
+
+def create_where(replica: int, ray_node: bool = False) -> SimpleScheduler:
+    """Which replica served a request: ``{"replica", "pid", "node", "actor"}`` (``node`` and ``actor``: its
+    Ray node's id and its actor's name, with ``ray_node``); a request with the ``block`` param is held
+    until it is aborted (or its process dies), after ``HELD <replica> <pid>`` on stderr."""
+    import os
+    import sys
+    import threading
+
+    node = actor = None
+    if ray_node:
+        import ray
+
+        context = ray.get_runtime_context()
+        node, actor = context.get_node_id(), context.get_actor_name()
+    released: dict[str, threading.Event] = {}
+    lock = threading.Lock()
+
+    def event_for(request_id: str) -> threading.Event:
+        with lock:
+            return released.setdefault(request_id, threading.Event())
+
+    def fn(payload: StagePayload) -> StagePayload:
+        if payload.request.params.get("block"):
+            print("HELD", replica, os.getpid(), file=sys.stderr, flush=True)
+            event_for(payload.request_id).wait()
+        with lock:
+            released.pop(payload.request_id, None)
+        payload.data = {"replica": replica, "pid": os.getpid(), "node": node, "actor": actor}
+        return payload
+
+    return SimpleScheduler(fn, abort_callback=lambda request_id: event_for(request_id).set(), max_concurrency=4)

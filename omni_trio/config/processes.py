@@ -6,7 +6,9 @@ lives. A group not listed keeps today's behaviour: a child process of the caller
 ``ipc://`` sockets and shared memory.
 
 Two processes are on the same host when their ``host`` values are equal; a group without a ``host``
-is on the caller's host (``processes["main"].host``). That, not whether ``/dev/shm`` happens to be
+is on the caller's host (``processes["main"].host``). The replicas of a ``manual`` group may each
+have a host of their own (``hosts``, one per replica: replica K binds on ``hosts[K]``); each replica
+of a ``ray`` group lands where Ray places it. That, not whether ``/dev/shm`` happens to be
 reachable, decides the transport of an edge: network namespaces on one machine share ``/dev/shm``
 but not their loopback interfaces. Which *socket* carries an edge's messages is decided by the
 launchers instead: a process that joined over TCP (``manual``, ``ray``, :func:`joins`) has no socket
@@ -31,6 +33,7 @@ __all__ = [
     "LAUNCHERS",
     "RESTART_POLICIES",
     "ProcessConfig",
+    "bind_host",
     "host_of",
     "joins",
     "processes_problems",
@@ -57,7 +60,10 @@ class ProcessConfig:
     (``open_pipeline`` waits for ``omni-trio worker --join ...`` started by hand or by an
     orchestrator) or ``"ray"`` (a Ray actor, :mod:`omni_trio.runtime.remote.ray_launch`). ``host``: the
     address the process binds its control socket on and peers connect to (an IP address or a host
-    name, no port); ``None``: the caller's host. ``resources`` and ``ray_address`` are for the ``ray`` launcher.
+    name, no port); ``None``: the caller's host. ``hosts``: instead of ``host``, one per replica of a
+    replicated ``manual`` group (replica K, ``p@rK``, binds on ``hosts[K]``). ``resources`` and
+    ``ray_address`` are for the ``ray`` launcher; each replica of a ``ray`` group is an actor of its
+    own with those resources, spread over the cluster's nodes where Ray can.
 
     ``restart`` is the group's policy when its process dies: ``"never"`` (a death ends the pipeline)
     or ``"on-failure"`` (the process is started again, at most ``max_restarts`` times over the
@@ -68,6 +74,7 @@ class ProcessConfig:
 
     launcher: str = "local"
     host: str | None = None
+    hosts: list[str] = attrs.field(factory=list)
     resources: dict[str, float] = attrs.field(factory=dict)
     ray_address: str | None = None
     restart: str = "never"
@@ -77,15 +84,24 @@ class ProcessConfig:
 
 def host_of(processes: dict[str, ProcessConfig], process: str) -> str | None:
     """The host ``process`` (a group or a replica's name) lives on; None: the caller's, without a TCP address."""
-    group = process.split("@r", 1)[0]
-    entry = processes.get(group)
+    entry = processes.get(process.split("@r", 1)[0])
     if entry is not None and entry.launcher == "ray":
-        # Ray decides where it lands: never assumed to share a host (nor /dev/shm) with anyone.
-        return f"ray:{group}"
-    if entry is not None and entry.host is not None:
-        return entry.host
+        # Ray decides where each replica lands: never assumed to share a host (nor /dev/shm) with anyone.
+        return f"ray:{process}"
+    bound = None if entry is None else bind_host(entry, process)
+    if bound is not None:
+        return bound
     main = processes.get("main")
     return None if main is None else main.host
+
+
+def bind_host(entry: ProcessConfig, process: str) -> str | None:
+    """Where ``process`` (a group or a replica's name), placed by ``entry``, binds: replica K of a group
+    with ``hosts`` on ``hosts[K]``, any other on ``host`` (None: not set)."""
+    _, _, replica = process.partition("@r")
+    if entry.hosts and replica.isdigit():
+        return entry.hosts[int(replica)]
+    return entry.host
 
 
 def _host_problem(at: str, host: object) -> ConfigProblem | None:
@@ -116,14 +132,11 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
     if name == "main" and entry.restart != "never":
         problems.append(ConfigProblem(f"{at}.restart", "'main' is the caller's own process: it is never restarted"))
     problems += restart_problems(at, entry.restart, entry.max_restarts, entry.restart_backoff_s)
-    if launcher == "manual" and entry.host is None:
+    problems += _hosts_problems(at, entry, groups.get(name, {}).get("replicas", 1))
+    if launcher == "manual" and entry.host is None and not entry.hosts:
         problems.append(ConfigProblem(f"{at}.host", "a 'manual' process needs the host it binds on"))
     if launcher == "ray" and entry.host is not None:
         problems.append(ConfigProblem(f"{at}.host", "a 'ray' process binds on the node Ray places it on; remove host"))
-    if launcher in ("manual", "ray"):
-        group = groups.get(name, {})
-        if group.get("replicas", 1) != 1:
-            problems.append(ConfigProblem(at, f"a {launcher!r} process group cannot be replicated yet; set replicas=1"))
     if launcher != "ray":
         for field in ("resources", "ray_address"):
             if getattr(entry, field):
@@ -134,6 +147,25 @@ def _entry_problems(at: str, name: str, entry: ProcessConfig, groups: dict[str, 
     ):
         problems.append(ConfigProblem(f"{at}.resources", f"expected a table of resource name -> amount > 0, "
                                       f"got {entry.resources!r}"))
+    return problems
+
+
+def _hosts_problems(at: str, entry: ProcessConfig, replicas: int) -> list[ConfigProblem]:
+    """The problems of ``entry.hosts`` (one host per replica of a ``manual`` group, instead of ``host``)."""
+    hosts = entry.hosts
+    if not hosts:
+        return []
+    if entry.launcher != "manual":
+        return [ConfigProblem(f"{at}.hosts", "hosts (one per replica) is only used by the 'manual' launcher")]
+    if not isinstance(hosts, (list, tuple)):
+        return [ConfigProblem(f"{at}.hosts", f"expected a list of hosts, one per replica, got {hosts!r}")]
+    problems = [problem for k, host in enumerate(hosts) if (problem := _host_problem(f"{at}.hosts[{k}]", host))]
+    if entry.host is not None:
+        problems.append(ConfigProblem(f"{at}.hosts", "set host (every replica's) or hosts (one per replica), not both"))
+    if len(hosts) != replicas:
+        problems.append(
+            ConfigProblem(f"{at}.hosts", f"expected one host per replica ({replicas}), got {len(hosts)}")
+        )
     return problems
 
 
@@ -175,7 +207,7 @@ def processes_problems(processes: object, groups: dict[str, dict[str, Any]]) -> 
         problems += _entry_problems(at, name, entry, groups)
     remote = [
         name for name, entry in processes.items()
-        if isinstance(entry, ProcessConfig) and (entry.host or entry.launcher == "ray")
+        if isinstance(entry, ProcessConfig) and (entry.host or entry.hosts or entry.launcher == "ray")
     ]
     main = processes.get("main")
     main_host = main.host if isinstance(main, ProcessConfig) else None

@@ -94,14 +94,13 @@ def test_main_and_manual_rules() -> None:
         )
     assert [str(p) for p in info.value.problems] == [
         "processes['main'].launcher: 'main' is the caller's own process: its launcher is 'local'",
-        "processes['back']: a 'manual' process group cannot be replicated yet; set replicas=1",
         "processes['back'].resources: resources is only used by the 'ray' launcher",
         "processes['back'].resources: expected a table of resource name -> amount > 0, got {'x': -1}",
     ]
 
 
 def test_manual_and_ray_groups_may_restart() -> None:
-    # The restart policy applies to them as to local groups (the replicas are still refused).
+    # The restart policy applies to them as to local groups.
     for launcher, placement in (
         ("manual", ot.ProcessConfig(launcher="manual", host="10.0.0.2")),
         ("ray", ot.ProcessConfig(launcher="ray", resources={"node": 1})),
@@ -114,6 +113,52 @@ def test_manual_and_ray_groups_may_restart() -> None:
             processes={"main": ot.ProcessConfig(host="10.0.0.1"), "back": placement},
         )
         assert config.stages[1].restart == "on-failure", launcher
+
+
+def _replicated(placement: ot.ProcessConfig, replicas: int = 2) -> ot.PipelineConfig:
+    return ot.PipelineConfig(
+        stages=[
+            stage("a", "create_append", next="b"),
+            stage("b", "create_append", process="back", terminal=True, replicas=replicas),
+        ],
+        processes={"main": ot.ProcessConfig(host="10.0.0.1"), "back": placement},
+    )
+
+
+def test_manual_and_ray_groups_may_be_replicated(tmp_path: Path) -> None:
+    # Each replica of a ray group lands where Ray places it: never assumed to share a host.
+    ray = _replicated(ot.ProcessConfig(launcher="ray", resources={"GPU": 1}))
+    assert {host_of(ray.processes, "back@r0"), host_of(ray.processes, "back@r1")} & {None, "10.0.0.1"} == set()
+    assert host_of(ray.processes, "back@r0") != host_of(ray.processes, "back@r1")
+    # The replicas of a manual group on one host, or one host each.
+    shared = _replicated(ot.ProcessConfig(launcher="manual", host="10.0.0.2"))
+    assert [host_of(shared.processes, f"back@r{k}") for k in (0, 1)] == ["10.0.0.2", "10.0.0.2"]
+    spread = _replicated(ot.ProcessConfig(launcher="manual", hosts=["10.0.0.2", "10.0.0.3"]))
+    assert [host_of(spread.processes, f"back@r{k}") for k in (0, 1)] == ["10.0.0.2", "10.0.0.3"]
+    for suffix in (".toml", ".json"):  # hosts = ["10.0.0.2", "10.0.0.3"] in a [processes.back] table
+        path = tmp_path / f"p{suffix}"
+        spread.to_file(path)
+        assert ot.load_config(path) == spread
+
+
+def test_hosts_are_one_per_replica_of_a_manual_group() -> None:
+    cases = [
+        (ot.ProcessConfig(launcher="manual", hosts=["10.0.0.2"]), [
+            "processes['back'].hosts: expected one host per replica (2), got 1",
+        ]),
+        (ot.ProcessConfig(launcher="manual", host="10.0.0.2", hosts=["10.0.0.2", "tcp://x:1"]), [
+            "processes['back'].hosts[1]: expected an IP address or a host name without scheme or port (e.g. "
+            "'10.0.0.2'), got 'tcp://x:1'",
+            "processes['back'].hosts: set host (every replica's) or hosts (one per replica), not both",
+        ]),
+        (ot.ProcessConfig(launcher="ray", hosts=["10.0.0.2", "10.0.0.3"]), [
+            "processes['back'].hosts: hosts (one per replica) is only used by the 'manual' launcher",
+        ]),
+    ]
+    for placement, expected in cases:
+        with pytest.raises(ot.ConfigError) as info:
+            _replicated(placement)
+        assert [str(p) for p in info.value.problems] == expected, placement
 
 
 def test_processes_in_a_config_file(tmp_path: Path) -> None:

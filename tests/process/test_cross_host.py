@@ -155,15 +155,18 @@ while True:
 
 
 async def _start_worker(
-    caller: Proc, hosts: Hosts, tmp: Scratch, nth: int = 1
+    caller: Proc, hosts: Hosts, tmp: Scratch, nth: int = 1, process: str = "", namespace: str | None = None
 ) -> contextlib.AbstractAsyncContextManager[Proc]:
-    """The worker command the caller logged (the ``nth`` time: it logs it again for each restart), run
-    in the far namespace."""
-    match = await caller.line("err", r"command='omni-trio worker --join (\S+) --key (\S+)'", nth)
+    """The worker command the caller logged (the ``nth`` time: it logs it again for each restart; of
+    ``process``, a replica's name, whose key file is named after it, if given), run in ``namespace``
+    (the far one by default)."""
+    key_file = rf"\S+/{re.escape(process)}\.key" if process else r"\S+"
+    match = await caller.line("err", rf"command='omni-trio worker --join (\S+) --key ({key_file})'", nth)
     join, key = match.groups()
     assert join.startswith(f"tcp://{hosts.near_ip}:")
     assert os.stat(key).st_mode & 0o777 == 0o600
-    return in_namespace(hosts.far, [sys.executable, "-m", "omni_trio", "worker", "--join", join, "--key", key], tmp)
+    argv = [sys.executable, "-m", "omni_trio", "worker", "--join", join, "--key", key]
+    return in_namespace(namespace or hosts.far, argv, tmp)
 
 
 def _caller(scenario: str, hosts: Hosts, *more: str) -> list[str]:
@@ -392,3 +395,43 @@ async def test_a_partition_heals_the_worker_rejoins_and_nothing_of_it_is_left(ho
     # The cut-off incarnation exited before the link came back: nothing of it arrived to be dropped.
     assert state == {"idle": True, "live": 0, "health": {"main": "ready", "p_far": "ready", "p_near": "ready"},
                      "stages": {}, "superseded": {}}, state
+
+
+async def test_manual_replicas_on_two_hosts_fail_alone_and_come_back(hosts: Hosts, tmp_dir: Scratch) -> None:
+    # p_rep@r0 on the caller's host (its namespace), p_rep@r1 on the far one, each started from its own
+    # command and key file; the test is the orchestrator that kills p_rep@r1 and runs its command again.
+    trace = tmp_dir.path / "run.jsonl"
+    with trio.fail_after(90):
+        async with in_namespace(hosts.near, _caller("replicas", hosts), tmp_dir, OMNI_TRIO_TRACE=str(trace)) as caller:
+            async with (
+                await _start_worker(caller, hosts, tmp_dir, process="p_rep@r0", namespace=hosts.near) as r0,
+                await _start_worker(caller, hosts, tmp_dir, process="p_rep@r1") as r1,
+            ):
+                await caller.line("out", "^HELD")
+                await r1.line("err", r"^HELD 1 ")  # it holds one of them
+                tmp_dir.killed = True
+                r1.process.kill()
+                await caller.line("out", "^DEGRADED ")
+                async with await _start_worker(caller, hosts, tmp_dir, nth=2, process="p_rep@r1") as again:
+                    await caller.process.wait()
+                assert caller.process.returncode == 0, caller.lines["err"][-20:]
+            assert (r0.process.returncode, again.process.returncode) == (0, 0), r0.lines["err"][-20:]
+    pids = {0: r0.process.pid, 1: r1.process.pid}
+    served = json.loads(caller.said("SERVED"))
+    assert {replica for replica, _ in served} == {0, 1}, served  # least in flight spread the load
+    assert all(pid == pids[replica] for replica, pid in served), (served, pids)
+    # Only the killed replica's request failed; replica 0 served everything meanwhile, then r1 came back.
+    failed = json.loads(caller.said("FAILED"))
+    assert list(failed.values()) == ["p_rep@r1"], failed
+    degraded = json.loads(caller.said("DEGRADED"))
+    assert degraded["down"] == ["p_rep@r1"] and degraded["served"] == [0, 0, 0], degraded
+    assert degraded["health"] == {"main": "ready", "p_rep@r0": "ready", "p_rep@r1": "restarting"}, degraded
+    assert json.loads(caller.said("BACK")) == [1, again.process.pid]
+    state = json.loads(caller.said("STATE"))
+    assert state["idle"] and state["stages"] == ["make", "where@r0", "where@r1"], state
+    assert state["health"] == {"main": "ready", "p_rep@r0": "ready", "p_rep@r1": "ready"}, state
+    assert sorted(state["outcomes"].values()) == ["aborted", "p_rep@r1"], state
+    assert {"p_rep@r0", "p_rep@r1"} <= set(state["metrics"]), state  # /metrics names each replica
+    # The replica on the caller's host gets its tensors through shared memory, the other over TCP.
+    sends = [e for e in read_trace(trace) if e.get("event") == "comm_payload_send" and e["from_stage"] == "make"]
+    assert {(e["to_stage"], e["transport"]) for e in sends} == {("where@r0", "shm"), ("where@r1", "tcp")}, sends

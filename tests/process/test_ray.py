@@ -31,7 +31,8 @@ M = "tests.crosshost_stages"
 
 def _worker_dirs() -> set[Path]:
     """The private directories of joined workers (a killed one cannot remove its own)."""
-    return {*Path(tempfile.gettempdir()).glob("omnitrio-p_a-*"), *Path(tempfile.gettempdir()).glob("omnitrio-p_b-*")}
+    temp = Path(tempfile.gettempdir())
+    return {path for process in ("p_a-", "p_b-", "p_rep@") for path in temp.glob(f"omnitrio-{process}*")}
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +146,84 @@ async def test_a_dead_actor_is_restarted_on_the_same_resources_and_serves_again(
             assert (second["a"]["sum"], second["b"]["sum"]) == (2 * total, 3 * total)
             stats = await pipeline.stats()
             assert stats.idle and pipeline.health().processes["p_a"] == "ready", stats
+
+
+def _replicated(address: str) -> ot.PipelineConfig:
+    """``make`` -> ``where`` in a ``ray`` group of 2 replicas of half a CPU each (each node has one: they
+    would both fit on the head; restarted on failure, the 1 s backoff keeps a killed replica down for a
+    moment)."""
+    return ot.PipelineConfig(
+        entry_stage="make",
+        stages=[
+            ot.StageConfig(name="make", factory_path=f"{M}.create_make", next="where"),
+            ot.StageConfig(name="where", process="p_rep", factory_path=f"{M}.create_where",
+                           factory={"ray_node": True}, terminal=True, replicas=2),
+        ],
+        processes={
+            "main": ot.ProcessConfig(host="127.0.0.1"),
+            "p_rep": ot.ProcessConfig(launcher="ray", resources={"CPU": 0.5}, ray_address=address,
+                                      restart="on-failure", max_restarts=1, restart_backoff_s=1.0),
+        },
+    )
+
+
+async def test_replicas_spread_over_the_nodes_and_a_killed_one_fails_only_its_requests(cluster: Any) -> None:
+    nodes = {node.node_id for node in cluster.list_all_nodes()}
+    with trio.fail_after(150):
+        async with ot.open_pipeline(_replicated(cluster.address), start_timeout=90) as pipeline:
+            served: list[dict[str, Any]] = []
+
+            async def one(rid: str, **params: Any) -> None:
+                served.append(await pipeline.submit(rid, "x", params={"numel": 4, **params}))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, f"r{i}")
+            # One actor per replica, one replica per node (their placement group's SPREAD strategy: both
+            # would fit on the head), and least-in-flight gave both replicas work.
+            actors = {result["replica"]: (result["actor"], result["node"], result["pid"]) for result in served}
+            assert sorted(actors) == [0, 1] and {node for _, node, _ in actors.values()} == nodes, actors
+            assert "p_rep@r1" in actors[1][0] and "p_rep@r0" in actors[0][0]
+            assert min(sum(result["replica"] == k for result in served) for k in (0, 1)) >= 2, served
+            stats = await pipeline.stats()
+            assert {"where@r0", "where@r1"} <= set(stats.stages) and stats.idle, stats
+            assert {"p_rep@r0", "p_rep@r1"} <= set(pipeline.health().processes)
+
+            # One held request per replica (least in flight); then replica 1's actor is killed.
+            outcomes: dict[str, BaseException] = {}
+            died = trio.Event()
+
+            async def held(rid: str) -> None:
+                try:
+                    await pipeline.submit(rid, "x", params={"numel": 4, "block": True})
+                except (ot.StageProcessDied, ot.RequestAborted) as exc:
+                    outcomes[rid] = exc
+                    if isinstance(exc, ot.StageProcessDied):
+                        died.set()
+
+            async with trio.open_nursery() as nursery:
+                for rid in ("h0", "h1"):
+                    nursery.start_soon(held, rid)
+                    await trio.testing.wait_all_tasks_blocked()  # bound before the next one
+                ray.kill(ray.get_actor(actors[1][0]), no_restart=True)
+                await died.wait()
+                [(doomed, error)] = outcomes.items()
+                assert isinstance(error, ot.StageProcessDied) and error.process == "p_rep@r1", error
+                kept = next(rid for rid in ("h0", "h1") if rid != doomed)
+                # Replica 0 keeps serving (and holding its request) while replica 1 is restarted.
+                stats = await pipeline.stats()
+                assert stats.down_replicas == ("p_rep@r1",) and stats.stages["where@r0"].active_requests == 1
+                assert pipeline.health().processes["p_rep@r1"] == "restarting"
+                for i in range(3):
+                    result = await pipeline.submit(f"c{i}", "x", params={"numel": 4})
+                    assert (result["replica"], result["pid"]) == (0, actors[0][2])
+                while (await pipeline.stats()).degraded:  # bounded by fail_after: the new actor joins
+                    await trio.sleep(0.05)
+                # Back, as a new actor in its replica's bundle (the same node): the least loaded replica
+                # (r0 still holds one) takes the next request.
+                back = await pipeline.submit("d", "x", params={"numel": 4})
+                assert back["replica"] == 1 and back["actor"] != actors[1][0] and back["pid"] != actors[1][2]
+                assert back["node"] == actors[1][1] and pipeline.health().ok
+                assert await pipeline.abort(kept)
+            assert isinstance(outcomes[kept], ot.RequestAborted)
+            assert (await pipeline.stats()).idle

@@ -1,8 +1,9 @@
 """The ``manual`` launcher: a worker started by hand joins its run over authenticated TCP.
 
-For each process group with ``launcher = "manual"`` the runner writes a key file (JSON, mode 0600):
-the run's CURVE key pair and secret, the caller's join address ``tcp://HOST:PORT``, the group's name
-and the host it binds on. Whoever starts the worker copies it to that host and runs::
+For each process group with ``launcher = "manual"`` (each replica ``p@rK`` of a replicated one) the
+runner writes a key file ``<run dir>/<process>.key`` (JSON, mode 0600): the run's CURVE key pair and
+secret, the caller's join address ``tcp://HOST:PORT``, the process's name and the host it binds on.
+Whoever starts the worker copies it to that host and runs::
 
     omni-trio worker --join tcp://HOST:PORT --key KEYFILE
 

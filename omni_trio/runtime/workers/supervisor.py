@@ -36,7 +36,7 @@ import trio
 from omni_trio.comm.segments import remove_segments
 from omni_trio.config import PipelineConfig, process_edges
 from omni_trio.config.processes import host_of, joins, tcp_listeners
-from omni_trio.config.replicas import split_replica
+from omni_trio.config.replicas import replica_groups, split_replica
 from omni_trio.control.endpoint import Endpoint
 from omni_trio.control.wire import messages as m
 from omni_trio.errors import StageStartupError, describe_exit
@@ -142,7 +142,7 @@ class Supervisor:
         self._listeners = tcp_listeners(config.processes, process_edges(config))
         self._tcp_addresses: dict[str, str] = {}
         endpoint.on(m.Ready, self._on_ready)
-        self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir)
+        self._remote = RemoteWorkers(endpoint, self._remote_spec, ipc_dir, replica_groups(config))
 
     def _restart_policy(self, process: str) -> int:
         """How many restarts ``process`` may have (0: none)."""
