@@ -5,7 +5,9 @@ each request for :data:`SLOW_S` outside the GIL (``time.sleep`` on its scheduler
 device kernel), one at a time, and writes the id and start time of every request it computes to
 a file the benchmark reads back. All requests are submitted at once (``max_in_flight`` is left
 unlimited, the default), and ``--abort-fraction`` of them, chosen at random, are aborted each at a
-random moment up to ``--abort-window`` seconds after its submit began.
+random moment up to ``--abort-window`` seconds after its submit began. With ``--rate R`` the
+requests are submitted at R per second instead (a server's arrivals), still all in flight together
+when the slow stage is behind.
 
 Reported: the latency of ``pipeline.abort()`` (p50/p90/p99/max, ms), how many aborted requests
 the slow stage computed after their abort was called (``computed_after_abort``: work an abort
@@ -82,7 +84,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(
-    requests: int, abort_fraction: float, abort_window_s: float, seed: int, trace: str | None
+    requests: int, abort_fraction: float, abort_window_s: float, seed: int, trace: str | None, rate: float = 0.0
 ) -> dict[str, Any]:
     """Run the benchmark once; the figures and checks as a dict (see the module docstring)."""
     rng = random.Random(seed)
@@ -90,6 +92,7 @@ async def run(
     # request id -> (when abort() was called, time.monotonic(); its latency in s; what it returned)
     abort_calls: dict[str, tuple[float, float, bool]] = {}
     outcomes: dict[str, list[str]] = {}
+    in_flight = [0, 0]  # submits under way now, and the most at once
     with tempfile.TemporaryDirectory(prefix="bench-aborts-") as tmp:
         record = Path(tmp) / "computed.txt"
         started = time.perf_counter()
@@ -100,6 +103,8 @@ async def run(
 
                 async def submit() -> None:
                     begun.set()
+                    in_flight[0] += 1
+                    in_flight[1] = max(in_flight)
                     try:
                         await pipeline.submit(request_id, {"i": index})
                         outcomes.setdefault(request_id, []).append("result")
@@ -107,6 +112,8 @@ async def run(
                         outcomes.setdefault(request_id, []).append("aborted")
                     except Exception as exc:  # noqa: BLE001 - counted and reported: the check fails
                         outcomes.setdefault(request_id, []).append(f"error: {exc!r}")
+                    finally:
+                        in_flight[0] -= 1
 
                 begun = trio.Event()
                 async with trio.open_nursery() as nursery:
@@ -121,7 +128,10 @@ async def run(
                         abort_calls[request_id] = (called, time.perf_counter() - begin, accepted)
 
             async with trio.open_nursery() as nursery:
+                first = trio.current_time()
                 for index in range(requests):
+                    if rate:
+                        await trio.sleep_until(first + index / rate)
                     delay = rng.uniform(0.0, abort_window_s) if index in aborted else None
                     nursery.start_soon(one, index, delay)
             elapsed = time.perf_counter() - started
@@ -141,6 +151,8 @@ async def run(
     }
     return {
         "requests": requests,
+        "submit_rate": rate or "all at once",
+        "peak_in_flight": in_flight[1],
         "aborts_called": len(abort_calls),
         "aborts_accepted": len(accepted_aborts),
         "abort_window_s": abort_window_s,
@@ -165,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--abort-fraction", type=float, default=0.9)
     parser.add_argument("--abort-window", type=float, default=1.0, help="aborts come up to this many s after submit")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="submit this many requests per second (default 0: all at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", help="write the run's trace here (docs/tracing.md)")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
-    figures = trio.run(run, args.requests, args.abort_fraction, args.abort_window, args.seed, args.trace)
+    figures = trio.run(run, args.requests, args.abort_fraction, args.abort_window, args.seed, args.trace, args.rate)
     for name, value in figures.items():
         print(f"{name:>24}: {value}")
     if args.json is not None:

@@ -30,6 +30,7 @@ from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.coordinator.placement import Placement
 from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.coordinator.request_stream import RequestStream
+from omni_trio.coordinator.send_pacing import SendPacing
 from omni_trio.coordinator.sessions import Session, session_targets
 from omni_trio.coordinator.stats import PipelineHealth, PipelineStats
 from omni_trio.coordinator.stream_admission import StreamAdmission
@@ -77,6 +78,7 @@ class Coordinator:
         self._nursery = nursery
         self._live: dict[str, LiveRequest] = {}
         self._aborts = AbortsUnderWay(placement)
+        self._pacing = SendPacing(nursery)
         self._closed: str | None = None
         self._max_in_flight = config.max_in_flight
         self._rejected = 0
@@ -180,6 +182,9 @@ class Coordinator:
         """Send the request's submits; a failure to send (a payload over ``slot_size_mb``, a tensor that
         cannot travel) fails the request, traced as a failure, instead of surfacing as a bare error and
         an abort "cancelled by its caller"."""
+        await self._pacing.turn()
+        if live.done.is_set():
+            return  # aborted (or failed) while it waited for its turn: it never leaves this process
         try:
             await self._send_submit(live)
         except Exception as exc:  # noqa: BLE001 - becomes the request's RequestFailed, its caller sees it
