@@ -1,6 +1,6 @@
 """The wire's floor beside ours: 64 MB between two network namespaces, in one run, on one veth pair.
 
-``python -m benchmarks.wire [--mb 64] [--runs 5] [--json PATH]`` (root and ``ip netns``, as
+``python -m benchmarks.wire [--quick] [--mb 64] [--runs 5] [--json PATH]`` (root and ``ip netns``, as
 :mod:`benchmarks.tcp`) makes two namespaces joined by a veth pair (:mod:`tests.netns`) and measures,
 each as the median of ``--runs`` transfers of one buffer from the near namespace to the far one (the
 sender's clock, from the first byte sent to the receiver's one-byte answer that it holds them all):
@@ -12,6 +12,8 @@ sender's clock, from the first byte sent to the receiver's one-byte answer that 
   destination (its tag checked) on the receiver: the floor of an authenticated, confidential path;
 - ``W4-tcp``: ours, the main bench's row (:mod:`benchmarks.tcp`), its 4 MB and 64 MB transfers from
   a source stage's worker to a sink stage's ``manual`` worker in the far namespace.
+
+``--quick`` (the tests' smoke run): 1 MiB, one transfer each, and W4-tcp's quick row (1 MB).
 """
 
 from __future__ import annotations
@@ -133,8 +135,9 @@ def _pair(mode: str, hosts: Namespaces, size: int, runs: int) -> list[float]:
             receiver.wait()
 
 
-def measure(mb: int, runs: int) -> dict[str, Any]:
-    """One run of the three on one veth pair: each mode's median and spread (ms and MB/s)."""
+def measure(mb: int, runs: int, quick: bool = False) -> dict[str, Any]:
+    """One run of the three on one veth pair: each mode's median and spread (ms and MB/s); ``quick``:
+    W4-tcp's quick row (1 MB) instead of its full one."""
     size = mb * MB
     result: dict[str, Any] = {}
     with veth_namespaces(f"w{os.getpid() % 10_000}") as hosts:
@@ -146,9 +149,10 @@ def measure(mb: int, runs: int) -> dict[str, Any]:
                 "MB_per_s": mb / median,
             }
             print(mode, json.dumps(result[mode]), flush=True)
-        ours = bench_tcp.run_on("W4", False, hosts)
-        result["W4-tcp"] = {"median_ms": ours["64MB_latency_ms"], "MB_per_s": ours["64MB_MB_per_s"],
-                            "4MB_ms": ours["4MB_latency_ms"]}
+        ours = bench_tcp.run_on("W4", quick, hosts)
+        big = "1MB" if quick else "64MB"
+        result["W4-tcp"] = {"size_MB": 1 if quick else 64, "median_ms": ours[f"{big}_latency_ms"],
+                            "MB_per_s": ours[f"{big}_MB_per_s"]}
         print("W4-tcp", json.dumps(result["W4-tcp"]), flush=True)
     return result
 
@@ -156,6 +160,7 @@ def measure(mb: int, runs: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the three; write them to ``--json``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.wire", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 MiB, one transfer each (a smoke run)")
     parser.add_argument("--mb", type=int, default=64, help="the buffer's size in MiB (the plain and AES-GCM rows)")
     parser.add_argument("--runs", type=int, default=5, help="transfers per mode")
     parser.add_argument("--json", default="out/bench-wire.json", metavar="PATH", help="where to write the results")
@@ -171,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"bench_wire: {reason}", file=sys.stderr)
         return 2
-    result = measure(args.mb, args.runs)
+    result = measure(1, 1, quick=True) if args.quick else measure(args.mb, args.runs)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"load": os.getloadavg(), "results": result}, indent=2) + "\n")
+    path.write_text(json.dumps({"quick": args.quick, "load": os.getloadavg(), "results": result}, indent=2) + "\n")
     return 0
 
 
