@@ -15,7 +15,7 @@ A connection (:mod:`omni_trio.comm.bulk_seal` says how it is sealed):
    tensor's bytes in sealed records of 1 MiB, in the DataRef's order: the fetcher opens each record
    from a scratch buffer into the tensor's place;
 3. the connection stays open for the next request (the fetcher keeps a few idle per listener; a
-   fetch that finds none busy-free opens another, so concurrent transfers use parallel connections).
+   fetch that finds none idle opens another, so concurrent transfers use parallel connections).
 
 What is refused, counted (:attr:`BulkServer.refused`, :attr:`BulkFetcher.refused`) and reported
 (``bulk_refused`` in the log, 1st, 2nd, 4th, ...): a connection whose first request does not open

@@ -298,16 +298,6 @@ class Endpoint:
             self._bulk.bind(host)
             self._tasks.spawn(self._bulk.serve)
 
-    @property
-    def bulk(self) -> BulkServer:
-        """Where this process offers the tensor bytes it sends to other hosts."""
-        return self._bulk
-
-    @property
-    def fetcher(self) -> BulkFetcher:
-        """How this process fetches the tensor bytes sent to it from other hosts."""
-        return self._fetcher
-
     def receive_also(self, address: str, admit: Callable[[], bool]) -> Inbox:
         """Receive also on a socket of its own bound at the ``tcp://`` ``address`` (CURVE): its messages
         are handled like the others while ``admit()`` says so; :meth:`release` closes it."""
@@ -355,14 +345,17 @@ class Endpoint:
 
     @property
     def refused(self) -> int:
-        """Messages this process refused (:attr:`Peers.refused <omni_trio.control.peers.Peers.refused>`)."""
-        return self._peers.refused
+        """Messages this process refused (:attr:`Peers.refused <omni_trio.control.peers.Peers.refused>`), and
+        records of bulk connections that did not open (:attr:`BulkFetcher.refused
+        <omni_trio.comm.bulk.BulkFetcher.refused>`)."""
+        return self._peers.refused + self._fetcher.refused
 
     @property
     def refused_connections(self) -> int:
         """Connections this process's inboxes closed for their limits
-        (:attr:`Peers.refused_connections <omni_trio.control.peers.Peers.refused_connections>`)."""
-        return self._peers.refused_connections
+        (:attr:`Peers.refused_connections <omni_trio.control.peers.Peers.refused_connections>`), and those
+        its bulk listener refused (:attr:`BulkServer.refused <omni_trio.comm.bulk.BulkServer.refused>`)."""
+        return self._peers.refused_connections + self._bulk.refused
 
     @property
     def undeliverable(self) -> int:
