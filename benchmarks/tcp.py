@@ -35,9 +35,9 @@ from benchmarks import stages as bench_stages
 from benchmarks import workloads as bench_workloads
 from omni_trio.config import PipelineConfig
 from omni_trio.config.processes import ProcessConfig
-from tests.netns import unavailable, veth_namespaces
+from tests.netns import Namespaces, unavailable, veth_namespaces
 
-__all__ = ["WORKLOADS", "main", "run_row", "tcp_placed"]
+__all__ = ["WORKLOADS", "main", "run_on", "run_row", "tcp_placed"]
 
 #: workload -> the stages that go to the remote worker.
 WORKLOADS = {"W1": {"s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
@@ -70,7 +70,10 @@ def _forward_until(stream: IO[str], pattern: str, found: list[str], ready: threa
     ready.set()
 
 
-def _run_one(workload: str, quick: bool, near: str, near_ip: str, far: str, far_ip: str) -> dict[str, Any]:
+def run_on(workload: str, quick: bool, hosts: Namespaces) -> dict[str, Any]:
+    """Run ``workload`` (``W1``, ``W4``, ``W5``) with the caller in ``hosts.near`` and the remote stage's
+    worker in ``hosts.far`` (namespaces that exist already); its metrics."""
+    near, near_ip, far, far_ip = hosts.near, hosts.near_ip, hosts.far, hosts.far_ip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     argv = [sys.executable, "-m", "benchmarks.tcp", "--inner", workload, near_ip, far_ip]
     caller = subprocess.Popen(
@@ -114,7 +117,7 @@ def run_row(name: str, quick: bool) -> dict[str, Any]:
     if workload not in WORKLOADS or not name.endswith("-tcp"):
         raise ValueError(f"no TCP row {name!r}; choose from {[f'{w}-tcp' for w in WORKLOADS]}")
     with veth_namespaces(f"b{os.getpid() % 10_000}") as hosts:
-        return _run_one(workload, quick, hosts.near, hosts.near_ip, hosts.far, hosts.far_ip)
+        return run_on(workload, quick, hosts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,26 @@ def test_quick_tcp_rows_run_in_the_main_bench_or_say_why_not(tmp_path: Path) -> 
     assert results["W5-tcp"]["chunks_per_request"] == 50
 
 
+def test_the_wire_floor_runs_beside_w4_tcp_or_says_why_not(tmp_path: Path) -> None:
+    from tests.netns import unavailable
+
+    out = tmp_path / "wire.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.wire", "--quick", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    reason = unavailable()
+    if reason is not None:
+        assert proc.returncode == 2 and reason in proc.stderr and not out.exists()
+        return
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert set(results) == {"plain", "aes-gcm", "W4-tcp"}
+    for row in results.values():
+        assert row["median_ms"] > 0 and row["MB_per_s"] > 0
+
+
 async def test_w5_first_chunk_leaves_alone_at_the_talker_and_the_vocoder(tmp_path: Path) -> None:
     """The first chunk of a stream is sent by itself from both stages (the rest follows in runs),
     so it never waits for a run of chunks to fill; read from the trace of the real W5 pipeline."""

@@ -36,7 +36,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
 from omni_trio.comm.shm import ShmPut
 from omni_trio.comm.strict import describe_invalid, strict_converter
-from omni_trio.comm.tcp import frame_sizes_match
+from omni_trio.comm.tcp import bulk_info
 from omni_trio.errors import MalformedMessage
 
 __all__ = [
@@ -62,7 +62,7 @@ class TransportKind(enum.StrEnum):
     local_copy = "local_copy"  # same process, isolated copy (never a DataRef)
     inline = "inline"  # inside the control message
     shm = "shm"  # POSIX shared memory segment (omni_trio.comm.shm)
-    tcp = "tcp"  # frames of the control message, between hosts (omni_trio.comm.tcp)
+    tcp = "tcp"  # a bulk connection between hosts (omni_trio.comm.tcp)
 
 
 #: The transports a DataRef may name: those that cross a process boundary.
@@ -112,6 +112,8 @@ class BufferRef:
                     raise ValueError(f"shm buffer info segment_size {segment_size!r} < buffer length {self.length}")
                 if not _nonneg_int(lease):
                     raise ValueError(f"shm buffer info lease must be an int >= 0, got {lease!r}")
+        elif self.transport is TransportKind.tcp:
+            bulk_info(self.info)
 
     @property
     def pooled(self) -> bool:
@@ -155,9 +157,6 @@ class DataRef:
     version: int = DATAREF_VERSION
     #: The tensor bytes the object carries, as the sender counted them (for ``stats()``); never on the wire.
     tensor_bytes: int = attrs.field(default=0, eq=False, repr=False)
-    #: ``tcp`` buffer only: each tensor's bytes, in ``tensors`` order (frames of the message; see
-    #: :mod:`omni_trio.comm.tcp`). A memoryview on the sender's side, bytes on the receiver's.
-    frames: tuple[bytes, ...] = attrs.field(default=(), converter=tuple, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.version != DATAREF_VERSION or type(self.version) is not int:
@@ -167,11 +166,6 @@ class DataRef:
         if self.transport not in WIRE_TRANSPORTS:
             raise ValueError(f"a DataRef crosses processes: transport inline, shm or tcp, not {self.transport!r}")
         length = self.buffer.length if self.buffer is not None else None
-        over_tcp = self.buffer is not None and self.buffer.transport is TransportKind.tcp
-        if over_tcp != bool(self.frames) and (self.frames or self.tensors):
-            raise ValueError("frames go with a tcp buffer, and a tcp buffer with its frames")
-        if over_tcp and not frame_sizes_match(self.tensors, self.frames):
-            raise ValueError("a tcp buffer needs one frame per tensor entry, each of the entry's size")
         paths: set[str] = set()
         for entry in self.tensors:
             if entry.path in paths:

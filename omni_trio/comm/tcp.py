@@ -1,52 +1,58 @@
-"""Tensors to a process on another host: ZMQ frames over the run's CURVE TCP socket.
+"""Tensors to a process on another host: the DataRef over the run's CURVE socket, the bytes on a bulk connection.
 
 Shared memory needs one host. Between hosts (decided by the processes' ``host`` values, see
 :mod:`omni_trio.config.processes`), an object too big to go inline travels as a ``tcp`` DataRef: the
-tensor-free rest pickled as its header, and each tensor's bytes as a frame of the same message.
+tensor-free rest pickled as its header, in the control message (CURVE, and the run's proof), and its
+tensors' bytes on a bulk connection of their own (:mod:`omni_trio.comm.bulk`: AES-GCM records,
+fetched by the receiver straight into its tensors' buffer).
 
-- Sender: each frame is a memoryview of the tensor's own (contiguous, CPU) storage. pyzmq sends a
-  frame of 64 KiB and more without copying it (the frame keeps the tensor alive until libzmq is done);
-  a non-contiguous or GPU tensor is first made contiguous on the CPU, which copies.
-- Receiver: the codec hands each frame over as the ``bytes`` pyzmq received it into; each tensor is
-  built over that buffer (``torch.frombuffer``), with no second copy (a CUDA source is moved to this
-  process's CUDA device when it has one, as after shared memory). Nothing else holds those bytes,
-  so writing into the tensor is safe, although Python calls ``bytes`` immutable.
+- Sender: :meth:`TcpCredits.put` offers each tensor's bytes, a memoryview of its own (contiguous,
+  CPU) storage, to the process's :class:`~omni_trio.comm.bulk.BulkServer` (a non-contiguous or GPU
+  tensor is first made contiguous on the CPU, which copies); the DataRef names the listener and the
+  transfer. The offer is held until the transfer settles.
+- Receiver: :func:`fetch_tensors` fetches the bytes into one ``torch.empty`` buffer laid out as the
+  DataRef's entries say; the tensors are views of it (a CUDA source is moved to this process's CUDA
+  device when it has one, as after shared memory).
 - Credits: :class:`TcpCredits` bounds the transfers to one target that wait for their ACK, as a shared
-  memory relay does (the receiver ACKs a ``tcp`` DataRef once it is decoded); so at most ``credits``
-  transfers' bytes are in flight to a target, whatever the socket buffers hold.
+  memory relay does (the receiver ACKs a ``tcp`` DataRef once it is fetched); so at most ``credits``
+  transfers' bytes are offered to a target at once.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from omni_trio.comm.layout import ELEMENT_SIZES, TensorEntry
+from omni_trio.comm.bulk import BulkFetcher, BulkServer
+from omni_trio.comm.layout import TensorEntry
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TcpCredits", "TcpPut", "frame_sizes_match", "tensor_frame", "tensors_from_frames"]
+__all__ = ["TcpCredits", "TcpPut", "bulk_info", "fetch_tensors", "tensor_frame"]
 
 
 @attrs.frozen(eq=False)
 class TcpPut:
-    """One transfer to ``target`` holding a credit until its ACK settles it."""
+    """One transfer to ``target`` holding a credit (and its offer) until its ACK settles it."""
 
     target: str
     size: int
+    transfer: bytes
+    #: Where the receiver fetches it: the DataRef's buffer info.
+    info: dict[str, Any]
 
 
 class TcpCredits:
     """Per-target credits of one sending stage's ``tcp`` transfers (the relay interface that
-    :class:`~omni_trio.control.transfers.Transfers` settles)."""
+    :class:`~omni_trio.control.transfers.Transfers` settles), and their offers on ``bulk``."""
 
-    def __init__(self, credits_per_target: int) -> None:
+    def __init__(self, credits_per_target: int, bulk: BulkServer) -> None:
         self._per_target = credits_per_target
+        self._bulk = bulk
         self._credits: dict[str, trio.Semaphore] = {}
 
     def _of(self, target: str) -> trio.Semaphore:
@@ -55,13 +61,20 @@ class TcpCredits:
             credits = self._credits[target] = trio.Semaphore(self._per_target)
         return credits
 
-    async def put(self, target: str, size: int) -> TcpPut:
-        """Take a credit of ``target`` (waits while all are out)."""
+    async def put(self, target: str, frames: Sequence[memoryview]) -> TcpPut:
+        """Take a credit of ``target`` (waits while all are out) and offer ``frames`` (each tensor's bytes)."""
+        if self._bulk.address is None:
+            raise RuntimeError("this process does not listen over TCP: it has no bulk listener to offer from")
         await self._of(target).acquire()
-        return TcpPut(target, size)
+        transfer = self._bulk.offer(frames)
+        host, port = self._bulk.address
+        info = {"host": host, "port": port, "transfer": transfer.hex()}
+        return TcpPut(target, sum(frame.nbytes for frame in frames), transfer, info)
 
     def settle(self, put: TcpPut, success: bool, *, keep_credit: bool = False) -> bool:
-        """The transfer's ACK came (or never will): give its credit back unless the receiver keeps it."""
+        """The transfer's ACK came (or never will): withdraw its offer, give its credit back unless the
+        receiver keeps it."""
+        self._bulk.withdraw(put.transfer)
         if not keep_credit or not success:
             self._of(put.target).release()
         return success
@@ -89,37 +102,22 @@ def tensor_frame(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # ndarray is a buffer
 
 
-def tensors_from_frames(entries: tuple[TensorEntry, ...], frames: tuple[bytes, ...]) -> dict[str, torch.Tensor]:
-    """The tensors of a ``tcp`` DataRef, built over the received frames (no copy)."""
-    import torch
-
-    # The same device restore as a shared-memory transfer's.
-    from omni_trio.comm.dtypes import dtype_from_str
-    from omni_trio.comm.packing import receiver_device
-
-    tensors: dict[str, Any] = {}
-    for entry, frame in zip(entries, frames, strict=True):
-        dtype = dtype_from_str(entry.dtype)
-        if not frame:
-            tensors[entry.path] = torch.empty(entry.shape, dtype=dtype)
-            continue
-        with warnings.catch_warnings():
-            # The frame's bytes belong to this tensor alone (see the module docstring).
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(frame, dtype=torch.uint8)
-        tensor = raw.view(dtype).reshape(entry.shape)
-        device = receiver_device(entry.device, tensor.device, None)
-        tensors[entry.path] = tensor if device is None else tensor.to(device)
-    return tensors
+def bulk_info(info: dict[str, Any]) -> tuple[tuple[str, int], bytes]:
+    """The listener and the transfer id a ``tcp`` buffer's info names (ValueError if it names none)."""
+    host, port, transfer = info.get("host"), info.get("port"), info.get("transfer")
+    if type(host) is not str or not host or type(port) is not int or not 0 < port < 65536:
+        raise ValueError("a tcp buffer's info needs the 'host' and 'port' of a bulk listener")
+    if type(transfer) is not str or len(transfer) != 32:
+        raise ValueError("a tcp buffer's info needs a 'transfer' id of 32 hex digits")
+    return (host, port), bytes.fromhex(transfer)
 
 
-def _size(frame: bytes | memoryview) -> int:
-    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+async def fetch_tensors(
+    fetcher: BulkFetcher, info: dict[str, Any], entries: tuple[TensorEntry, ...], size: int
+) -> dict[str, torch.Tensor]:
+    """The tensors of a ``tcp`` DataRef, fetched into one buffer they are views of."""
+    from omni_trio.comm.packing import unpack_tensors
 
-
-def frame_sizes_match(entries: tuple[TensorEntry, ...], frames: tuple[bytes, ...]) -> bool:
-    """Whether each frame holds exactly its entry's bytes (checked when a DataRef is parsed)."""
-    return len(entries) == len(frames) and all(
-        _size(frame) == entry.size == math.prod(entry.shape) * ELEMENT_SIZES.get(entry.dtype, 0)
-        for entry, frame in zip(entries, frames, strict=True)
-    )
+    address, transfer = bulk_info(info)
+    buffer = await fetcher.fetch(address, transfer, entries, size)
+    return unpack_tensors(buffer, entries)

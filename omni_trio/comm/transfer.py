@@ -4,8 +4,9 @@
 
 * **inline** — the pickled object travels inside the control message, with
   no relay and no ACK;
-* **tcp** — to a process on another host: the header, and each tensor's
-  bytes as a frame of the message (:mod:`omni_trio.comm.tcp`);
+* **tcp** — to a process on another host: the header in the message, the
+  tensors' bytes offered on the sender's bulk listener, fetched by the
+  receiver (:mod:`omni_trio.comm.tcp`);
 * **shm** — tensors are packed into one shared-memory segment (one transfer,
   one credit of the target), the tensor-free rest is pickled as the header.
   For a pooled slot the receiver builds its tensors as views of the slot (no
@@ -34,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from omni_trio.comm.bulk import BulkFetcher
 from omni_trio.comm.dataref import BufferRef, DataRef, DataRefKind, Layout, TransportKind, shm_buffer
 from omni_trio.comm.layout import ChunkRun, TensorRun
 from omni_trio.comm.oneshot import read_segment
 from omni_trio.comm.router import INLINE_LIMIT, choose_transport
 from omni_trio.comm.shm import ShmPut, ShmRelay
 from omni_trio.comm.slotcache import SegmentCache
-from omni_trio.comm.tcp import TcpCredits, TcpPut, tensor_frame, tensors_from_frames
+from omni_trio.comm.tcp import TcpCredits, TcpPut, fetch_tensors, tensor_frame
 from omni_trio.payload import OmniRequest, StagePayload
 
 if TYPE_CHECKING:
@@ -249,8 +251,8 @@ async def encode_object(
     """Write ``obj`` for ``target``; return its DataRef and the put to settle (None inline).
 
     The transport comes from :func:`~omni_trio.comm.router.choose_transport`. With ``tcp``
-    (``target`` is on another host) what would go through shared memory goes as frames of the
-    message instead (:mod:`omni_trio.comm.tcp`). Otherwise tensors that lie in one slot of
+    (``target`` is on another host) what would go through shared memory is offered on the
+    process's bulk listener instead (:mod:`omni_trio.comm.tcp`). Otherwise tensors that lie in one slot of
     ``allocator`` (``ot.empty``) are sent by reference, without a copy.
     Unsupported tensor dtypes raise here, at the sender. The put waits for a
     free credit of ``target``.
@@ -268,17 +270,15 @@ async def encode_object(
 
     if tcp is not None:
         total, entries = pack_tensors(tensors)
-        frames = tuple(tensor_frame(tensors[entry.path]) for entry in entries)
-        tcp_put = await tcp.put(target, total)
+        tcp_put = await tcp.put(target, [tensor_frame(tensors[entry.path]) for entry in entries])
         ref = DataRef(
             kind=kind,
             object_id=object_id,
             transport=TransportKind.tcp,
             layout=Layout.packed_tensors,
-            buffer=BufferRef(transport=TransportKind.tcp, info={}, length=total),
+            buffer=BufferRef(transport=TransportKind.tcp, info=tcp_put.info, length=total),
             header=pickle.dumps(wrap(stripped), protocol=pickle.HIGHEST_PROTOCOL),
             tensors=entries,
-            frames=frames,  # type: ignore[arg-type]  # memoryviews: sent as they are, received as bytes
             tensor_bytes=total,
         )
         return ref, tcp_put
@@ -325,8 +325,11 @@ async def decode_object(
     shm_prefix: str | None = None,
     segments: SegmentCache | None = None,
     on_release: Callable[[], None] | None = None,
+    bulk: BulkFetcher | None = None,
 ) -> Any:
     """Rebuild the object a DataRef points to.
+
+    A ``tcp`` DataRef's tensors are fetched with ``bulk`` (from the sender's bulk listener).
 
     One-shot segment: read (copied out) and unlinked. Pooled slot
     (``ref.buffer.pooled``): with ``segments``, the tensors are views of the
@@ -349,7 +352,10 @@ async def decode_object(
             return _unwrap(header.obj, unpack_runs(header.data, header.runs))
         return _unwrap(header, None)
     if ref.transport is TransportKind.tcp:
-        return _unwrap(pickle.loads(ref.header), tensors_from_frames(ref.tensors, ref.frames))
+        if bulk is None or ref.buffer is None:
+            raise ValueError(f"DataRef {ref.object_id}: a tcp transfer, and no bulk connections to fetch it")
+        tensors = await fetch_tensors(bulk, ref.buffer.info, ref.tensors, ref.buffer.length)
+        return _unwrap(pickle.loads(ref.header), tensors)
     if ref.buffer is None:
         raise ValueError(f"DataRef {ref.object_id}: a shm transfer without a buffer")
     from omni_trio.comm.packing import unpack_tensors

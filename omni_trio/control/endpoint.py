@@ -28,6 +28,7 @@ import trio
 import zmq
 
 from omni_trio.comm.alloc import SlotAllocator
+from omni_trio.comm.bulk import BulkFetcher, BulkServer
 from omni_trio.comm.dataref import DataRef, DataRefKind
 from omni_trio.comm.router import TransportLog
 from omni_trio.comm.slotcache import SegmentCache
@@ -113,6 +114,15 @@ class Endpoint:
             tcp_peers=tcp_peers,
         )
         self._transfers = Transfers(self._stages)
+        policy = sockets.policy
+        # Tensors to and from other hosts: offered here, fetched from their senders (omni_trio.comm.bulk).
+        self._bulk = BulkServer(
+            policy.auth.secret,
+            process=process,
+            proof_timeout_s=policy.limits.proof_timeout_s,
+            max_unproven=policy.limits.max_unproven_connections,
+        )
+        self._fetcher = BulkFetcher(policy.auth.secret, process=process)
         self._releases = ReleaseSender(process, self._peers, self._tasks)
         self._dispatcher = Dispatcher(process)
         self._sender = Sender(
@@ -127,6 +137,7 @@ class Endpoint:
             pool_bytes=pool_bytes or {},
             gpu_stages=gpu_stages,
             far=far,
+            bulk=self._bulk,
         )
         self._receiver = Receiver(
             stages=self._stages,
@@ -138,6 +149,7 @@ class Endpoint:
             segments=self._segments,
             releases=self._releases,
             tracer=tracer,
+            bulk=self._fetcher,
         )
         self._reporter = HeldReporter(_HeldRequests(process, self._stages, self._peers))
         self.on(m.Submit, self._on_submit)
@@ -175,6 +187,8 @@ class Endpoint:
 
         def start() -> None:
             self._tasks.spawn(self._dispatcher.receive_loop, inbox, inbox.source)
+            if self._peers.tcp_address is not None:
+                self._serve_bulk(self._peers.tcp_address)  # a worker that joined over TCP
             if self.process != "main":
                 self._tasks.spawn(self._reporter.run)
 
@@ -204,6 +218,7 @@ class Endpoint:
             # now (each sender unlinks its own slots when it closes).
             self._segments.clear()
             self._releases.clear()
+            self._fetcher.close()
             self._peers.close()
 
     # ------------------------------------------------------------------ messages and objects
@@ -273,7 +288,15 @@ class Endpoint:
         """Receive also at the ``tcp://`` ``address`` (CURVE; peers on other hosts); return where."""
         sock = self._peers.listen_tcp(address)
         self._tasks.spawn(self._dispatcher.receive_loop, sock, sock.source)
+        self._serve_bulk(sock.source)
         return sock.source
+
+    def _serve_bulk(self, address: str) -> None:
+        """Offer the tensors sent to other hosts on a bulk listener at the host of ``address`` (once)."""
+        if self._bulk.address is None:
+            host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+            self._bulk.bind(host)
+            self._tasks.spawn(self._bulk.serve)
 
     def receive_also(self, address: str, admit: Callable[[], bool]) -> Inbox:
         """Receive also on a socket of its own bound at the ``tcp://`` ``address`` (CURVE): its messages
@@ -322,14 +345,17 @@ class Endpoint:
 
     @property
     def refused(self) -> int:
-        """Messages this process refused (:attr:`Peers.refused <omni_trio.control.peers.Peers.refused>`)."""
-        return self._peers.refused
+        """Messages this process refused (:attr:`Peers.refused <omni_trio.control.peers.Peers.refused>`), and
+        records of bulk connections that did not open (:attr:`BulkFetcher.refused
+        <omni_trio.comm.bulk.BulkFetcher.refused>`)."""
+        return self._peers.refused + self._fetcher.refused
 
     @property
     def refused_connections(self) -> int:
         """Connections this process's inboxes closed for their limits
-        (:attr:`Peers.refused_connections <omni_trio.control.peers.Peers.refused_connections>`)."""
-        return self._peers.refused_connections
+        (:attr:`Peers.refused_connections <omni_trio.control.peers.Peers.refused_connections>`), and those
+        its bulk listener refused (:attr:`BulkServer.refused <omni_trio.comm.bulk.BulkServer.refused>`)."""
+        return self._peers.refused_connections + self._bulk.refused
 
     @property
     def undeliverable(self) -> int:

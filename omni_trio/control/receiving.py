@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from omni_trio.comm.bulk import BulkFetcher
 from omni_trio.comm.dataref import DataRef
 from omni_trio.comm.router import COORDINATOR
 from omni_trio.comm.slotcache import SegmentCache
@@ -57,7 +58,7 @@ class Receiver:
 
     Built with: the ``stages`` of this process, the run's ``placement``, the process's ``peers``
     (what sends the ACKs), the endpoint's ``tasks``, the run's segment prefix, the mapping cache of
-    peers' slots, the release sender and the tracer.
+    peers' slots, the release sender, the tracer and the ``bulk`` fetcher of ``tcp`` transfers.
     """
 
     def __init__(
@@ -71,7 +72,9 @@ class Receiver:
         segments: SegmentCache,
         releases: ReleaseSender,
         tracer: Tracer,
+        bulk: BulkFetcher,
     ) -> None:
+        self._bulk = bulk
         self._stages = stages
         self._placement = placement
         self._peers = peers
@@ -167,6 +170,7 @@ class Receiver:
                     shm_prefix=self._run_prefix,
                     segments=self._segments,
                     on_release=self._releases.slot_releaser(ref, sender_process, sender, receiver),
+                    bulk=self._bulk,
                 )
             except Exception as exc:
                 if credit is not None:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from omni_trio.comm.alloc import SlotAllocator
+from omni_trio.comm.bulk import BulkServer
 from omni_trio.comm.dataref import DataRefKind
 from omni_trio.comm.router import TransportLog, TransportLogs
 from omni_trio.comm.shm import ShmPut, ShmRelay
@@ -45,7 +46,7 @@ class Sender:
     :class:`~omni_trio.control.transfers.Transfers`, and per sending stage its ``credits`` per
     target, ``max_transfer_bytes`` and ``pool_bytes``; ``gpu_stages`` name the GPU stages (CUDA
     tensors between two of them are copied through host memory, said once per edge), and objects
-    to a process in ``far`` (on another host) go over TCP.
+    to a process in ``far`` (on another host) go over TCP, their tensors offered on ``bulk``.
     """
 
     def __init__(
@@ -62,8 +63,10 @@ class Sender:
         pool_bytes: dict[str, int],
         gpu_stages: frozenset[str],
         far: frozenset[str],
+        bulk: BulkServer,
     ) -> None:
         self._shm_prefix = shm_prefix
+        self._bulk = bulk
         self._tracer = tracer
         self._placement = placement
         self._peers = peers
@@ -107,7 +110,7 @@ class Sender:
     def _tcp_credits_of(self, sender: str) -> TcpCredits:
         credits = self._tcp_credits.get(sender)
         if credits is None:
-            credits = self._tcp_credits[sender] = TcpCredits(self._credits.get(sender, 2))
+            credits = self._tcp_credits[sender] = TcpCredits(self._credits.get(sender, 2), self._bulk)
         return credits
 
     def transports(self, sender: str) -> TransportLog:

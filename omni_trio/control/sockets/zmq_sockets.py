@@ -150,7 +150,7 @@ def _connect(
             monitor.close(linger=0)
         sock.close(linger=0)
         raise
-    return TrioSocket(sock, policy, source=source, curve=tcp), monitor
+    return TrioSocket(sock, policy, source=source), monitor
 
 
 def bind_pull(ctx: zmq.Context[Any], path: IpcPath, policy: SocketPolicy, *, hwm: int | None = None) -> TrioSocket:

@@ -34,9 +34,7 @@ CURVE, heartbeats) and watches a connection for its drop.
 Every socket of a run is built with the run's :class:`SocketPolicy`: its
 :class:`~omni_trio.control.wire.auth.Authenticator` seals each message sent and
 checks each message received before the caller sees it (a message without
-valid proof is counted and skipped: ``recv_multipart`` never returns it; a
-``tcp://`` PUSH socket, a CURVE connection, leaves its tensor frames out of the
-hash, see :mod:`omni_trio.control.wire.auth`), and
+valid proof is counted and skipped: ``recv_multipart`` never returns it), and
 its ``max_message_bytes`` is the socket's ``ZMQ_MAXMSGSIZE`` (libzmq drops
 the connection of a peer that sends a bigger frame, before buffering it) and
 the limit of each frame sent (:class:`~omni_trio.errors.MessageTooLarge`
@@ -105,12 +103,10 @@ class TrioSocket:
     """
 
     def __init__(
-        self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = "", curve: bool = False
+        self, socket: zmq.Socket[Any], policy: SocketPolicy | None = None, *, source: str = ""
     ) -> None:
         self._sock = socket
         self._auth = None if policy is None else policy.auth
-        #: A CURVE connection (a tcp:// PUSH socket): libzmq authenticates each frame it sends.
-        self._curve = curve
         self._opens = self._auth is not None
         self._max_frame = None if policy is None else policy.max_message_bytes
         self._source = source
@@ -257,7 +253,7 @@ class TrioSocket:
                 if size > self._max_frame:
                     raise MessageTooLarge(size, self._max_frame)
         if self._auth is not None:
-            frames = self._auth.seal(frames, over_curve=self._curve)
+            frames = self._auth.seal(frames)
         try:
             self._send_now(frames)
         except zmq.Again:

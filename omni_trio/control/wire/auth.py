@@ -15,13 +15,8 @@ over TCP between hosts (CURVE) plugs in at the same place, as another authentica
 Cost on the hot path: one BLAKE2b of the message on each side, ~1.5 µs for a control message of a
 few hundred bytes (benchmarks/NOTES.md, the hop budget); a big pickled header costs ~1 ms per MiB.
 
-On a CURVE connection (``seal(..., over_curve=True)``) the tensor frames (memoryviews of a tensor's
-own storage, :mod:`omni_trio.comm.tcp`) are bound by their position and length only, not hashed:
-libzmq already authenticates every frame of such a connection, whose peers hold the run's key, and
-hashing hundreds of MiB again cost more than the encryption. The proof then ends with the indexes of
-those frames (covered by the MAC itself, so they cannot be changed); everything a decoder or the
-unpickler reads (the tag, the body, a pickled header) is still proven on every socket. See
-docs/design.md.
+Every frame is hashed, on every socket: tensors' bytes between hosts do not travel in messages but
+on bulk connections of their own, sealed with a key from the same secret (:mod:`omni_trio.comm.bulk`).
 """
 
 from __future__ import annotations
@@ -68,17 +63,17 @@ class Authenticator(Protocol):
     def refused(self) -> int:
         """Messages refused so far by the sockets of this process."""
 
-    def seal(self, frames: Sequence[Frame], *, over_curve: bool = False) -> list[Frame]:
-        """``frames`` with their proof: what a socket sends (``over_curve``: on a CURVE connection)."""
+    def seal(self, frames: Sequence[Frame]) -> list[Frame]:
+        """``frames`` with their proof: what a socket sends."""
 
     def open(self, frames: list[bytes], source: str) -> list[bytes] | None:
         """A received message without its proof; None (counted and reported) if it has no valid one."""
 
 
 @functools.lru_cache(maxsize=64)  # bounded: a received message's shape is chosen before its proof is checked
-def _header(frames: int, unhashed: int) -> struct.Struct:
-    """The layout of what the proof covers first: the kind, the frames' lengths, the unhashed frames."""
-    return struct.Struct(f"<BQ{frames}QQ{unhashed}I")
+def _header(frames: int) -> struct.Struct:
+    """The layout of what the proof covers first: the kind, the frames' lengths."""
+    return struct.Struct(f"<BQ{frames}Q")
 
 
 class FrameMac:
@@ -108,27 +103,18 @@ class FrameMac:
         """Messages refused so far."""
         return self._refused
 
-    def _mac(self, frames: Sequence[Frame], unhashed: tuple[int, ...] = ()) -> bytes:
+    def _mac(self, frames: Sequence[Frame]) -> bytes:
         lengths = [frame.nbytes if type(frame) is memoryview else len(frame) for frame in frames]
         # A copy of the keyed state: the key is neither parsed nor compressed again per message.
         mac = self._keyed.copy()
-        header = _header(len(lengths), len(unhashed))
-        mac.update(header.pack(_MESSAGE, len(lengths), *lengths, len(unhashed), *unhashed))
-        if unhashed:
-            skip = set(unhashed)
-            frames = [frame for index, frame in enumerate(frames) if index not in skip]
+        mac.update(_header(len(lengths)).pack(_MESSAGE, len(lengths), *lengths))
         for frame in frames:
             mac.update(frame.buffer if isinstance(frame, zmq.Frame) else frame)
         return mac.digest()
 
-    def seal(self, frames: Sequence[Frame], *, over_curve: bool = False) -> list[Frame]:
-        """``frames`` followed by their proof; ``over_curve``: the socket is a CURVE connection, its
-        tensor frames (memoryviews) are bound by position and length only (see the module docstring)."""
-        unhashed = tuple(i for i, frame in enumerate(frames) if type(frame) is memoryview) if over_curve else ()
-        proof = self._mac(frames, unhashed)
-        if unhashed:
-            proof += struct.pack(f"<{len(unhashed)}I", *unhashed)
-        return [*frames, proof]
+    def seal(self, frames: Sequence[Frame]) -> list[Frame]:
+        """``frames`` followed by their proof."""
+        return [*frames, self._mac(frames)]
 
     def open(self, frames: list[bytes], source: str) -> list[bytes] | None:
         """``frames`` without their proof, or None when the proof is missing or wrong."""
@@ -136,17 +122,7 @@ class FrameMac:
             self._refuse(source, f"{len(frames)} frame(s), no room for a proof")
             return None
         body, proof = frames[:-1], frames[-1]
-        unhashed: tuple[int, ...] = ()
-        if len(proof) != MAC_BYTES:
-            extra = len(proof) - MAC_BYTES
-            if extra < 0 or extra % 4 or extra // 4 > len(body):
-                self._refuse(source, "no valid proof of this run")
-                return None
-            unhashed = struct.unpack(f"<{extra // 4}I", proof[MAC_BYTES:])
-            if any(index >= len(body) for index in unhashed) or list(unhashed) != sorted(set(unhashed)):
-                self._refuse(source, "no valid proof of this run")
-                return None
-        if not hmac.compare_digest(proof[:MAC_BYTES], self._mac(body, unhashed)):
+        if len(proof) != MAC_BYTES or not hmac.compare_digest(proof, self._mac(body)):
             self._refuse(source, "no valid proof of this run")
             return None
         return body

@@ -54,12 +54,6 @@ OOB_THRESHOLD = 64 * 1024
 def _take_oob(value: Any, frames: list[bytes]) -> Any:
     """Replace large bytes values (in maps and lists) by OOB extension markers."""
     kind = type(value)
-    if kind is memoryview:
-        # A tensor's own storage (omni_trio.comm.tcp): its own frame, sent without a copy.
-        if value.nbytes < OOB_THRESHOLD:
-            return value.tobytes()
-        frames.append(value)
-        return msgpack.ExtType(OOB_EXT, (len(frames) - 1).to_bytes(4, "big"))
     if kind is bytes:
         if len(value) < OOB_THRESHOLD:
             return value
