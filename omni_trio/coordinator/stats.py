@@ -44,7 +44,8 @@ class PipelineStats:
     #: Replica processes that take no work now (dead, or being restarted).
     down_replicas: tuple[str, ...] = ()
     #: Per process, the messages its sockets refused and dropped undecoded: they lacked this run's
-    #: proof (forged, garbage, from another run); empty when every stage is embedded.
+    #: proof (forged, garbage, from another run), and the records of tensors between hosts whose seal
+    #: failed (docs/distributed.md); empty when every stage is embedded.
     refused_frames: dict[str, int] = attrs.field(factory=dict)
     #: Per process, the messages it dropped because nobody listened at a same-host peer's path (a
     #: worker that died and was not restarted yet: those messages were for requests that failed with it).
@@ -58,9 +59,9 @@ class PipelineStats:
     #: Bytes of the stream events queued for streaming callers and not read yet, all requests together
     #: (what ``stream_delivery.max_total_backlog_bytes`` caps; see :mod:`omni_trio.coordinator.stream_backlog`).
     stream_backlog_bytes: int = 0
-    #: Per process, the connections its inbox closed for the limits of ``endpoints`` (unproven too long or
-    #: too many, a message unfinished too long or over the unfinished-bytes cap, no descriptor free); empty
-    #: when every stage is embedded.
+    #: Per process, the connections its inbox (or its listener for tensors between hosts) closed for the
+    #: limits of ``endpoints`` (unproven too long or too many, a message unfinished too long or over the
+    #: unfinished-bytes cap, no descriptor free); empty when every stage is embedded.
     refused_connections: dict[str, int] = attrs.field(factory=dict)
 
     @property
