@@ -23,8 +23,9 @@ Every stage runs in a worker process of its own unless a workload says otherwise
   Unix stream socket (``unix_*``, the same-host link's transport).
 - ``idle``: CPU used by a started, idle 4-stage pipeline (caller and workers), as % of one core.
 - ``W1-tcp``, ``W4-tcp``, ``W5-tcp``: W1, W4 and W5 with a ``manual`` worker in a second network
-  namespace, over CURVE TCP on a veth pair (:mod:`benchmarks.tcp`; root and ``ip netns`` needed,
-  else skipped with the reason); ``--only tcp`` runs the three.
+  namespace, on a veth pair (:mod:`benchmarks.tcp`; root and ``ip netns`` needed, else skipped with
+  the reason); ``wire-tcp``: the floor beside W4-tcp's 64 MB, the same bytes over one plain TCP
+  connection and sealed with AES-GCM (:mod:`benchmarks.wire`); ``--only tcp`` runs the four.
 - ``serve``: the omni_speech demo (one worker process per model, 24 tokens = 1.92 s of audio) behind
   ``ot.serve_http``: time to first audio and request latency (medians) over HTTP (httpx, streaming
   ``/v1/audio/speech``) and through ``pipeline.stream`` directly, with 1 and 8 concurrent clients.
@@ -52,13 +53,14 @@ from pathlib import Path
 import trio
 
 from benchmarks import tcp as bench_tcp
+from benchmarks import wire as bench_wire
 from benchmarks.stages import STAGE_FACTORY
 from benchmarks.workloads import floor_sync, idle, serve_bench, w1, w2, w3, w4, w5, w6, w7, w8, w9
 
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "floor", "idle", "serve",
-             "W1-tcp", "W4-tcp", "W5-tcp")
+             "W1-tcp", "W4-tcp", "W5-tcp", "wire-tcp")
 #: ``--only`` names that stand for several workloads.
-GROUPS = {"tcp": ("W1-tcp", "W4-tcp", "W5-tcp")}
+GROUPS = {"tcp": ("W1-tcp", "W4-tcp", "W5-tcp", "wire-tcp")}
 
 
 ASYNC_WORKLOADS: dict[str, Callable[[bool], Awaitable[dict[str, float]]]] = {
@@ -71,6 +73,8 @@ def run_workload(name: str, quick: bool) -> dict[str, float]:
     """Run one workload (a fresh ``trio.run`` each) and return its metrics."""
     if name == "floor":
         return floor_sync(quick)
+    if name == "wire-tcp":
+        return bench_wire.run_row(quick)
     if name.endswith("-tcp"):
         return bench_tcp.run_row(name, quick)
     return trio.run(ASYNC_WORKLOADS[name], quick)

@@ -49,9 +49,11 @@ NOT_COMPARABLE: dict[str, str] = {
     "W9": "stage replicas: SGLang-Omni's pipeline core has no replicas of a stage, so there is nothing to compare",
     "serve": "omni-trio's own HTTP front end (ot.serve_http); SGLang-Omni's server needs its model stack, not run here",
     **{
-        f"{w}-tcp": "across hosts over CURVE TCP: SGLang-Omni's pipeline core places its stages on one host"
+        f"{w}-tcp": "across hosts (CURVE TCP, tensors on AES-GCM bulk connections): "
+                    "SGLang-Omni's pipeline core places its stages on one host"
         for w in ("W1", "W4", "W5")
     },
+    "wire-tcp": "the wire's floor (plain TCP and AES-GCM sockets), no pipeline runtime: not run for SGLang-Omni",
 }
 """Workloads with no SGLang-Omni side, and why."""
 

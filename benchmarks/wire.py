@@ -32,7 +32,7 @@ from typing import Any
 from benchmarks import tcp as bench_tcp
 from tests.netns import Namespaces, unavailable, veth_namespaces
 
-__all__ = ["main", "measure"]
+__all__ = ["floors", "main", "measure", "run_row"]
 
 MB = 1 << 20
 #: What one AES-GCM record seals (the last one of a buffer may be shorter).
@@ -135,20 +135,36 @@ def _pair(mode: str, hosts: Namespaces, size: int, runs: int) -> list[float]:
             receiver.wait()
 
 
+def floors(hosts: Namespaces, mb: int, runs: int) -> dict[str, dict[str, float]]:
+    """``plain`` and ``aes-gcm`` on the veth pair of ``hosts``: each one's median and spread (ms, MB/s)."""
+    result: dict[str, dict[str, float]] = {}
+    for mode in ("plain", "aes-gcm"):
+        took = _pair(mode, hosts, mb * MB, runs)
+        median = statistics.median(took)
+        result[mode] = {
+            "median_ms": median * 1000, "min_ms": min(took) * 1000, "max_ms": max(took) * 1000,
+            "MB_per_s": mb / median,
+        }
+        print(mode, json.dumps(result[mode]), flush=True)
+    return result
+
+
+def run_row(quick: bool) -> dict[str, float]:
+    """The main bench's ``wire-tcp`` row: the floors of 64 MB (``quick``: 1 MiB once) on a fresh veth pair,
+    to read beside ``W4-tcp``'s 64 MB."""
+    mb, runs = (1, 1) if quick else (64, 5)
+    with veth_namespaces(f"w{os.getpid() % 10_000}") as hosts:
+        found = floors(hosts, mb, runs)
+    return {"size_MB": mb, "plain_ms": found["plain"]["median_ms"], "plain_MB_per_s": found["plain"]["MB_per_s"],
+            "aes_gcm_ms": found["aes-gcm"]["median_ms"], "aes_gcm_MB_per_s": found["aes-gcm"]["MB_per_s"]}
+
+
 def measure(mb: int, runs: int, quick: bool = False) -> dict[str, Any]:
     """One run of the three on one veth pair: each mode's median and spread (ms and MB/s); ``quick``:
     W4-tcp's quick row (1 MB) instead of its full one."""
-    size = mb * MB
     result: dict[str, Any] = {}
     with veth_namespaces(f"w{os.getpid() % 10_000}") as hosts:
-        for mode in ("plain", "aes-gcm"):
-            took = _pair(mode, hosts, size, runs)
-            median = statistics.median(took)
-            result[mode] = {
-                "median_ms": median * 1000, "min_ms": min(took) * 1000, "max_ms": max(took) * 1000,
-                "MB_per_s": mb / median,
-            }
-            print(mode, json.dumps(result[mode]), flush=True)
+        result.update(floors(hosts, mb, runs))
         ours = bench_tcp.run_on("W4", quick, hosts)
         big = "1MB" if quick else "64MB"
         result["W4-tcp"] = {"size_MB": 1 if quick else 64, "median_ms": ours[f"{big}_latency_ms"],

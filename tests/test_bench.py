@@ -107,7 +107,7 @@ def test_quick_tcp_rows_run_in_the_main_bench_or_say_why_not(tmp_path: Path) -> 
     proc = bench(out, "--quick", "--only", "tcp", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(out.read_text(encoding="utf-8"))
-    rows = {"W1-tcp", "W4-tcp", "W5-tcp"}
+    rows = {"W1-tcp", "W4-tcp", "W5-tcp", "wire-tcp"}
     assert document["errors"] == {}
     reason = unavailable()
     if reason is not None:
@@ -177,7 +177,7 @@ def test_without_root_the_tcp_rows_say_why_they_are_skipped(monkeypatch: pytest.
         "the TCP rows run between network namespaces: needs root to create network namespaces (ip netns)"
     )
     assert suite.skip_reason("W1") is None
-    assert suite.parse_args(["--only", "W1,tcp"]).workloads == ["W1", "W1-tcp", "W4-tcp", "W5-tcp"]
+    assert suite.parse_args(["--only", "W1,tcp"]).workloads == ["W1", "W1-tcp", "W4-tcp", "W5-tcp", "wire-tcp"]
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
