@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import mmap
+import os
 import secrets
 import socket
 from collections.abc import Sequence
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from omni_trio.comm.bulk_seal import CHUNK, NONCE_BYTES, TAG_BYTES, RecordSealer, connection_key
+from omni_trio.comm.descriptors import NO_DESCRIPTOR, open_reserve
 from omni_trio.comm.layout import TensorEntry
 from omni_trio.tracing.trace import get_logger
 
@@ -75,14 +78,14 @@ class TransferGone(LookupError):
 
 class _Refusals:
     def __init__(self, process: str, side: str) -> None:
-        self._process = process
+        self.process = process
         self._side = side
         self.count = 0
 
     def note(self, reason: str) -> None:
         self.count += 1
         if self.count & (self.count - 1) == 0:
-            log.warning("bulk_refused", process=self._process, side=self._side, reason=reason, refused=self.count)
+            log.warning("bulk_refused", process=self.process, side=self._side, reason=reason, refused=self.count)
 
 
 async def _receive_exactly(sock: trio.socket.SocketType, view: memoryview) -> bool:
@@ -116,8 +119,10 @@ class BulkServer:
         self._max_unproven = max_unproven
         self._unproven = 0
         self._offers: dict[bytes, tuple[memoryview, ...]] = {}
-        self._listener: trio.socket.SocketType | None = None
+        self._listener: socket.socket | None = None  # accepted without blocking when trio says it is readable
         self._refusals = _Refusals(process, "listener")
+        self._reserve: int | None = None  # a descriptor for the moment none is free (while serving)
+        self._connection_closed = trio.Event()
         self.address: tuple[str, int] | None = None
 
     @property
@@ -134,7 +139,9 @@ class BulkServer:
         """Listen at ``host`` on a free port (once; later calls return the first address); :meth:`serve` accepts."""
         if self.address is None:
             raw = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-            self._listener = trio.socket.from_stdlib_socket(raw)
+            raw.setblocking(False)
+            self._listener = raw
+            self._reserve = open_reserve()  # now, while descriptors are free (serve() closes it)
             self.address = (host, raw.getsockname()[1])
         return self.address
 
@@ -150,21 +157,80 @@ class BulkServer:
         self._offers.pop(transfer, None)
 
     async def serve(self) -> None:
-        """Accept and serve connections until cancelled (the listener closes then)."""
+        """Accept and serve connections until cancelled (the listener closes then).
+
+        With no descriptor free, the next waiting connection is accepted with the one held in reserve
+        and closed (refused, counted); should that not help, accepting waits until one of this
+        listener's connections closes. The process serves on whatever its descriptors do
+        (:mod:`omni_trio.comm.descriptors`).
+        """
         assert self._listener is not None, "bind first"
-        with self._listener:
-            async with trio.open_nursery() as nursery:
-                while True:
-                    conn, _ = await self._listener.accept()
-                    if self._unproven >= self._max_unproven:
-                        self._refusals.note("too many connections not yet proven")
-                        conn.close()
-                        continue
-                    nursery.start_soon(self._serve_connection, conn)
+        listener = self._listener
+        try:
+            with listener:
+                async with trio.open_nursery() as nursery:
+                    while True:
+                        await trio.lowlevel.wait_readable(listener)
+                        try:
+                            raw, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            continue  # taken back by the peer meanwhile
+                        except OSError as exc:
+                            if exc.errno == errno.ECONNABORTED:
+                                continue
+                            if exc.errno not in NO_DESCRIPTOR:
+                                raise
+                            if not self._refuse_waiting():
+                                log.warning("bulk_listener_paused", process=self._refusals.process,
+                                            reason="no descriptor free, none in reserve")
+                                await self._connection_closed.wait()
+                            continue
+                        if self._unproven >= self._max_unproven:
+                            self._refusals.note("too many connections not yet proven")
+                            raw.close()
+                            continue
+                        nursery.start_soon(self._serve_connection, trio.socket.from_stdlib_socket(raw))
+        finally:
+            if self._reserve is not None:
+                os.close(self._reserve)
+                self._reserve = None
+
+    def _refuse_waiting(self) -> bool:
+        """No descriptor is free: accept the next waiting connection with the one in reserve and close it
+        (refused, counted). Whether that helped (without a reserve, or should the system have none
+        either, it did not)."""
+        assert self._listener is not None
+        if self._reserve is None:
+            self._reserve = open_reserve()
+            return False
+        os.close(self._reserve)
+        self._reserve = None
+        try:
+            raw, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return True  # nobody waits after all (Linux's accept takes a descriptor before it looks)
+        except OSError as exc:
+            if exc.errno not in NO_DESCRIPTOR and exc.errno != errno.ECONNABORTED:
+                raise
+            return exc.errno == errno.ECONNABORTED
+        else:
+            raw.close()
+            self._refusals.note("no descriptor free")
+            return True
+        finally:
+            self._reserve = open_reserve()
 
     async def _serve_connection(self, conn: trio.socket.SocketType) -> None:
         # A peer that goes away mid-transfer (its fetch was cancelled, its process died) ends only its
         # connection.
+        try:
+            await self._serve_open_connection(conn)
+        finally:
+            # A descriptor is free again: a listener paused for want of one accepts again.
+            self._connection_closed.set()
+            self._connection_closed = trio.Event()
+
+    async def _serve_open_connection(self, conn: trio.socket.SocketType) -> None:
         with conn, contextlib.suppress(OSError):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = secrets.token_bytes(NONCE_BYTES)

@@ -6,6 +6,8 @@ network namespaces in tests/process/test_cross_host.py and tests/comm/test_bulk_
 from __future__ import annotations
 
 import contextlib
+import os
+import resource
 import socket
 from collections.abc import AsyncIterator
 
@@ -90,6 +92,44 @@ async def test_a_settled_transfer_is_gone_and_the_connection_serves_on(server: B
             server.withdraw(transfer)
             with pytest.raises(TransferGone):
                 await fetcher.fetch(server.address, transfer, entries, total)  # type: ignore[arg-type]
+            transfer = server.offer([tensor_frame(tensor)])
+            buffer = await fetcher.fetch(server.address, transfer, entries, total)  # type: ignore[arg-type]
+    finally:
+        fetcher.close()
+    assert torch.equal(buffer.view(torch.int64), tensor)
+
+
+async def test_with_no_descriptor_free_waiting_connections_are_refused_and_the_listener_serves_on(
+    server: BulkServer,
+) -> None:
+    """The process is out of descriptors (its limit lowered, the rest taken): the listener refuses what
+    waits with the descriptor it keeps in reserve, instead of failing or spinning; then it serves on."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    clients = [socket.socket() for _ in range(2)]  # made while descriptors are free
+    fillers: list[int] = []
+    try:
+        with trio.fail_after(10):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+            with contextlib.suppress(OSError):
+                while True:
+                    fillers.append(os.open(os.devnull, os.O_RDONLY))
+            for client in clients:
+                client.setblocking(False)
+                client.connect_ex(server.address)  # type: ignore[arg-type]
+            while server.refused < len(clients):  # the listener's task, on this loop (bounded by fail_after)
+                await trio.sleep(0.01)
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for client in clients:
+            client.close()
+    assert server.refused == len(clients)
+    tensor = torch.arange(100, dtype=torch.int64)
+    total, entries = _entries({"t": tensor})
+    fetcher = BulkFetcher(SECRET)
+    try:
+        with trio.fail_after(10):
             transfer = server.offer([tensor_frame(tensor)])
             buffer = await fetcher.fetch(server.address, transfer, entries, total)  # type: ignore[arg-type]
     finally:

@@ -39,6 +39,7 @@ from types import TracebackType
 
 import trio
 
+from omni_trio.comm.descriptors import NO_DESCRIPTOR, open_reserve
 from omni_trio.control.sockets.framing import split_messages
 from omni_trio.control.sockets.zmq_sockets import IpcPath, ipc_endpoint
 from omni_trio.control.sockets.zmq_trio import SocketPolicy
@@ -52,8 +53,6 @@ log = get_logger(__name__)
 #: per read is above malloc's mmap threshold, so each message cost an mmap, mremap and munmap and a
 #: page fault in every receiving process).
 _READ = 1 << 18
-#: ``accept`` found no free descriptor (this process's, or the system's).
-_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _Connection:
@@ -108,7 +107,7 @@ class UnixPull:
             self._inode = os.stat(self._path).st_ino
             self._listener.listen(socket.SOMAXCONN)
             self._epoll = select.epoll()
-            self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            self._reserve = open_reserve()
         except BaseException:
             self._listener.close()
             raise
@@ -178,7 +177,7 @@ class UnixPull:
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                if exc.errno not in _NO_DESCRIPTOR:
+                if exc.errno not in NO_DESCRIPTOR:
                     raise
                 if self._refuse_waiting():
                     continue
@@ -205,14 +204,14 @@ class UnixPull:
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:
                     return True
-                if exc.errno not in _NO_DESCRIPTOR:
+                if exc.errno not in NO_DESCRIPTOR:
                     raise
             else:
                 sock.close()
                 self._count_refused("no descriptor free")
                 return True
             finally:
-                self._reserve = _open_reserve()
+                self._reserve = open_reserve()
         self._epoll.unregister(self._listener_fd)
         self._accepting = False
         log.warning("inbox_paused", socket=self._path, reason="no descriptor free, none in reserve")
@@ -290,7 +289,7 @@ class UnixPull:
         if not self._accepting:
             # A descriptor is free again: accept again (what waits in the backlog is readable at once).
             if self._reserve is None:
-                self._reserve = _open_reserve()
+                self._reserve = open_reserve()
             self._accepting = True
             self._epoll.register(self._listener_fd, select.EPOLLIN)
 
@@ -325,11 +324,3 @@ class UnixPull:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _open_reserve() -> int | None:
-    """A descriptor held for the moment none is free (None: none is free now either)."""
-    try:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
