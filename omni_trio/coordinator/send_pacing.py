@@ -6,7 +6,7 @@ in one pass of a second or more; an ``abort()`` called meanwhile, and every time
 waits for the whole of it. :class:`SendPacing` lets :data:`PER_PASS` sends start in a pass and
 parks the rest, oldest first; one task wakes the next :data:`PER_PASS` at each pass while any wait
 (and ends when none does), so the same work is spread over short passes and an abort waits for one
-of those. A request with nothing queued ahead of it starts at once, as before.
+of those. A request with nothing queued ahead of it starts at once.
 """
 
 from __future__ import annotations
