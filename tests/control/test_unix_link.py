@@ -278,6 +278,25 @@ async def test_close_wakes_a_pending_receive_and_later_operations_fail(inbox_pat
             await push.send_multipart([b"x"])
 
 
+async def test_once_closing_began_a_drop_is_no_warning_on_links_old_and_new(
+    inbox_path: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A worker told to shut down still sends to peers that exited first: expected then, so quiet; a
+    link it opens after that moment is as quiet as the ones it had."""
+    sockets = HostSockets(Path(inbox_path).parent, POLICY)
+    try:
+        with trio.fail_after(10):
+            before = sockets.connect_local("gone_a")
+            sockets.begin_closing()
+            after = sockets.connect_local("gone_b")
+            await before.send_multipart([b"late"])
+            await after.send_multipart([b"late"])
+        assert sockets.undeliverable == 2
+        assert "message_undeliverable" not in capfd.readouterr().err
+    finally:
+        sockets.close()
+
+
 async def test_an_endpoint_counts_what_it_could_not_deliver_and_reaches_a_restarted_peer() -> None:
     directory = Path(tempfile.mkdtemp(prefix="ot-link-", dir="/tmp"))
     secret = new_secret()

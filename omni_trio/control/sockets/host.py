@@ -37,6 +37,7 @@ class HostSockets:
         self._context: zmq.Context[Any] = zmq.Context() if context is None else context
         self._inboxes: list[UnixPull] = []
         self._links: list[UnixPush] = []
+        self._closing = False
 
     @property
     def policy(self) -> SocketPolicy:
@@ -57,6 +58,8 @@ class HostSockets:
     def connect_local(self, process: str) -> UnixPush:
         """A link to the inbox of ``process`` in the IPC directory (connects at its first send)."""
         link = UnixPush(socket_path(self._ipc_dir, process), self._policy)
+        if self._closing:
+            link.begin_closing()  # opened while the process shuts down: its drops are expected too
         self._links.append(link)
         return link
 
@@ -86,6 +89,7 @@ class HostSockets:
 
     def begin_closing(self) -> None:
         """See :meth:`~omni_trio.control.sockets.base.SocketBackend.begin_closing`."""
+        self._closing = True
         for link in self._links:
             link.begin_closing()
 

@@ -172,6 +172,8 @@ async def _start_stages(
     endpoint.host({stage.address: stage for stage in stages.values()})
 
     async def on_shutdown(_: m.Shutdown) -> None:
+        # Every worker of the run is told at once: a peer that has exited already is expected now.
+        endpoint.begin_closing()
         shutdown.set()
 
     async def on_stats(request: m.StatsRequest) -> None:
