@@ -278,23 +278,53 @@ async def test_close_wakes_a_pending_receive_and_later_operations_fail(inbox_pat
             await push.send_multipart([b"x"])
 
 
-async def test_once_closing_began_a_drop_is_no_warning_on_links_old_and_new(
+def _dead_peer(path: str) -> socket.socket:
+    """A socket file nobody listens at, as a process that died leaves it (connects are refused)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    return sock
+
+
+async def test_a_drop_warns_for_a_dead_peer_but_not_once_closing_began_on_links_old_and_new(
     inbox_path: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A worker told to shut down still sends to peers that exited first: expected then, so quiet; a
-    link it opens after that moment is as quiet as the ones it had."""
+    link it opens after that moment is as quiet as the ones it had. Before, a dead peer is warned of."""
     sockets = HostSockets(Path(inbox_path).parent, POLICY)
+    peers: list[socket.socket] = []
     try:
         with trio.fail_after(10):
-            before = sockets.connect_local("gone_a")
+            warned = sockets.connect_local("dead")
+            peers.append(_dead_peer(warned.source))
+            await warned.send_multipart([b"lost"])
+            assert "message_undeliverable" in capfd.readouterr().err
+            before = sockets.connect_local("dead_a")
             sockets.begin_closing()
-            after = sockets.connect_local("gone_b")
+            after = sockets.connect_local("dead_b")
+            peers += [_dead_peer(before.source), _dead_peer(after.source)]
             await before.send_multipart([b"late"])
             await after.send_multipart([b"late"])
-        assert sockets.undeliverable == 2
+        assert sockets.undeliverable == 3
         assert "message_undeliverable" not in capfd.readouterr().err
     finally:
+        for peer in peers:
+            peer.close()
         sockets.close()
+
+
+async def test_a_drop_to_a_peer_that_closed_its_inbox_is_no_warning(
+    inbox_path: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A peer that shut down removed its socket file: what is still sent to it is expected to be lost."""
+    with trio.fail_after(10):
+        with UnixPull(inbox_path, POLICY):
+            push = UnixPush(inbox_path, POLICY)
+            await push.send_multipart([b"first"])
+        await push.send_multipart([b"after it shut down"])  # the connection broke, the file is gone
+        await push.send_multipart([b"and again"])
+    assert push.undeliverable >= 1
+    assert "message_undeliverable" not in capfd.readouterr().err
+    push.close()
 
 
 async def test_an_endpoint_counts_what_it_could_not_deliver_and_reaches_a_restarted_peer() -> None:

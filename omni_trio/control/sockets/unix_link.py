@@ -104,6 +104,7 @@ class UnixPush:
         self._max_bytes = policy.max_message_bytes
         self._closed = False
         self._closing = False  # the process is shutting down: drops are expected, not warnings
+        self._peer_closed = False  # the last connect found no socket file: the peer closed its inbox
         self._sock: socket.socket | None = None
         self._turns = SendTurns()
         #: Messages dropped because nobody listened at the path.
@@ -213,6 +214,7 @@ class UnixPush:
         except OSError as exc:
             sock.close()
             if exc.errno in _ABSENT:
+                self._peer_closed = exc.errno == errno.ENOENT
                 return False
             raise
         except trio.Cancelled:
@@ -231,8 +233,12 @@ class UnixPush:
         self.undeliverable += 1
         count = self.undeliverable
         if count & (count - 1) == 0:
-            report = log.debug if self._closing else log.warning
-            report("message_undeliverable", socket=self._path, reason="nobody listens there", dropped=count)
+            # A peer that removed its socket file closed its inbox on purpose (it shut down, as every
+            # process does when the run closes): expected. One that left it behind died.
+            expected = self._closing or self._peer_closed
+            report = log.debug if expected else log.warning
+            reason = "its inbox is closed (it shut down)" if self._peer_closed else "nobody listens there"
+            report("message_undeliverable", socket=self._path, reason=reason, dropped=count)
 
     def _disconnect(self) -> None:
         if self._sock is not None:
