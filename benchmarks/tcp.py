@@ -37,7 +37,7 @@ from omni_trio.config import PipelineConfig
 from omni_trio.config.processes import ProcessConfig
 from tests.netns import Namespaces, unavailable, veth_namespaces
 
-__all__ = ["WORKLOADS", "main", "run_on", "run_row", "tcp_placed"]
+__all__ = ["WORKLOADS", "main", "run_on", "run_row", "tcp_placed", "write_results"]
 
 #: workload -> the stages that go to the remote worker.
 WORKLOADS = {"W1": {"s1"}, "W4": {"sink"}, "W5": {"vocoder"}}
@@ -138,10 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     for workload in WORKLOADS:
         results[f"{workload}-tcp"] = run_row(f"{workload}-tcp", args.quick)
         print(f"{workload}-tcp", json.dumps(results[f"{workload}-tcp"]), flush=True)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"quick": args.quick, "load": os.getloadavg(), "results": results}, indent=2) + "\n")
+    write_results(args.json, args.quick, results)
     return 0
+
+
+def write_results(json_path: str, quick: bool, results: dict[str, Any]) -> None:
+    """Write a run's ``results`` to ``json_path`` as JSON, with ``quick`` and the machine's load averages."""
+    path = Path(json_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"quick": quick, "load": os.getloadavg(), "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks import tcp as bench_tcp
@@ -193,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_wire: {reason}", file=sys.stderr)
         return 2
     result = measure(1, 1, quick=True) if args.quick else measure(args.mb, args.runs)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"quick": args.quick, "load": os.getloadavg(), "results": result}, indent=2) + "\n")
+    bench_tcp.write_results(args.json, args.quick, result)
     return 0
 
 
