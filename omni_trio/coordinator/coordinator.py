@@ -182,9 +182,10 @@ class Coordinator:
         """Send the request's submits; a failure to send (a payload over ``slot_size_mb``, a tensor that
         cannot travel) fails the request, traced as a failure, instead of surfacing as a bare error and
         an abort "cancelled by its caller"."""
-        await self._pacing.turn()
+        await self._pacing.turn(live)
         if live.done.is_set():
             return  # aborted (or failed) while it waited for its turn: it never leaves this process
+        live.sent = True
         try:
             await self._send_submit(live)
         except Exception as exc:  # noqa: BLE001 - becomes the request's RequestFailed, its caller sees it
@@ -307,7 +308,19 @@ class Coordinator:
         if self._tracer.enabled:
             self._tracer.event("request_aborted", request_id=live.request_id, stage="coordinator", reason=str(error))
         self._resolve(live, outcome.Error(error))
-        return self._aborts.start(live.request_id)
+        return self._abort_everywhere(live)
+
+    def _abort_everywhere(self, live: LiveRequest) -> trio.Event:
+        """Start telling every stage to drop ``live`` (resolved already); the event fires once they did.
+
+        A request that never began sending (it waited for its turn, see ``send_pacing``) is in no
+        stage: nothing is sent, and its abort is done at once.
+        """
+        if live.sent:
+            return self._aborts.start(live.request_id)
+        nothing_to_do = trio.Event()
+        nothing_to_do.set()
+        return nothing_to_do
 
     def _resolve(self, live: LiveRequest, result: outcome.Outcome[Any]) -> None:
         """Settle a request exactly once and forget it."""
@@ -315,6 +328,7 @@ class Coordinator:
             return
         live.result = result
         live.done.set()
+        self._pacing.leave(live)
         self._live.pop(live.request_id, None)
         if self._replicas is not None:
             self._replicas.release(live.request_id)
@@ -351,7 +365,7 @@ class Coordinator:
                 self._queue(live, error, 0)  # resolved already: its reader gets the failure instead of the rest
             else:
                 self._resolve(live, outcome.Error(error))
-                self._aborts.start(live.request_id)
+                self._abort_everywhere(live)
 
     async def _expire(self, live: LiveRequest, scope: trio.CancelScope, seconds: float) -> None:
         with scope:
@@ -431,7 +445,7 @@ class Coordinator:
                 continue
             self._resolve(live, outcome.Error(error_for(live.request_id)))
             if abort_everywhere:
-                self._aborts.start(live.request_id)
+                self._abort_everywhere(live)
 
     async def close(self, reason: str = "the pipeline closed") -> None:
         """Refuse new requests, abort every live one everywhere, wait for the broadcasts."""

@@ -34,6 +34,7 @@ class LiveRequest:
     received: Any = None  # its receive side
     session: SessionOperation | None = None
     entry_stages: tuple[str, ...] = ()  # where the Submit goes (several for a session's open/close/control)
+    sent: bool = False  # began sending its Submit: stages may hold it (until then it is in none)
     # What its stream's queued events weigh (coordinator/stream_backlog.py): each event's bytes in queue order,
     # their sum, and when its reader last took one (a count of takes, not a time).
     backlog_sizes: collections.deque[int] = attrs.field(factory=collections.deque)

@@ -6,11 +6,13 @@ in one pass of a second or more; an ``abort()`` called meanwhile, and every time
 waits for the whole of it. :class:`SendPacing` lets :data:`PER_PASS` sends start in a pass and
 parks the rest, oldest first; one task wakes the next :data:`PER_PASS` at each pass while any wait
 (and ends when none does), so the same work is spread over short passes and an abort waits for one
-of those. A request with nothing queued ahead of it starts at once.
+of those. A request with nothing queued ahead of it starts at once; one resolved while it waits
+(aborted, failed) leaves the queue at once, and never sends.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 
 import trio
@@ -28,18 +30,19 @@ REFILL_S = 0.001
 class SendPacing:
     """Turns to start sending a new request, :data:`PER_PASS` a pass (see the module docstring).
 
-    Its waking task runs in ``nursery`` (the coordinator's) while any caller waits, and ends then.
+    Each waiter waits under a key (its request); :meth:`leave` lets one go at once without a turn.
+    The waking task runs in ``nursery`` (the coordinator's) while any caller waits, and ends then.
     """
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        self._waiting = trio.lowlevel.ParkingLot()
+        self._waiting: collections.OrderedDict[object, trio.lowlevel.Task] = collections.OrderedDict()
         self._left = PER_PASS  # turns left in this pass (the waking task refills them)
         self._refill_at = -math.inf  # when turns are refilled while nobody waits
         self._waking = False
 
-    async def turn(self) -> None:
-        """Wait (if it must) for a turn to start sending; a checkpoint only when it waits."""
+    async def turn(self, key: object) -> None:
+        """Wait (if it must) for a turn to start sending ``key``; a checkpoint only when it waits."""
         if not self._waiting:
             # Nobody waits, so no pass is being paced: a caller that submits one request at a time
             # (each in a pass of its own) finds the turns refilled and never waits.
@@ -53,14 +56,28 @@ class SendPacing:
         if not self._waking:
             self._waking = True
             self._nursery.start_soon(self._wake_while_waiting)
-        await self._waiting.park()
+        self._waiting[key] = trio.lowlevel.current_task()
+
+        def cancelled(_: object) -> trio.lowlevel.Abort:
+            del self._waiting[key]
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(cancelled)
+
+    def leave(self, key: object) -> None:
+        """``key`` needs no turn any more (its request was resolved): its waiter goes on at once."""
+        task = self._waiting.pop(key, None)
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
     async def _wake_while_waiting(self) -> None:
         # One pass at a time: this pass's turns go to the oldest waiters; the rest wait for the next.
         try:
             while self._waiting:
                 await trio.lowlevel.cancel_shielded_checkpoint()
-                woken = self._waiting.unpark(count=PER_PASS)
-                self._left = PER_PASS - len(woken)
+                woken = min(PER_PASS, len(self._waiting))
+                for _ in range(woken):
+                    trio.lowlevel.reschedule(self._waiting.popitem(last=False)[1])
+                self._left = PER_PASS - woken
         finally:
             self._waking = False

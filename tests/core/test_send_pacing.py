@@ -1,5 +1,6 @@
 """Send pacing: a burst of submits starts sending a few per pass of the loop, oldest first; a lone
-request never waits; a request aborted while it waits never leaves the caller."""
+request never waits; a request aborted while it waits never leaves the caller, and its submit
+raises at once."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ async def test_a_burst_starts_sending_a_few_per_pass_oldest_first() -> None:
 
                 async def sender(index: int) -> None:
                     called.append(index)
-                    await pacing.turn()
+                    await pacing.turn(index)
                     taken.append(index)
 
                 for index in range(10 * PER_PASS + 1):
@@ -70,10 +71,10 @@ async def test_a_caller_sending_one_request_at_a_time_never_waits() -> None:
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             pacing = SendPacing(nursery)
-            for _ in range(10 * PER_PASS):
+            for index in range(10 * PER_PASS):
                 await trio.sleep(0.002)  # one request per pass, as a sequential caller sends them
                 with trio.testing.assert_no_checkpoints():
-                    await pacing.turn()
+                    await pacing.turn(index)
 
 
 async def test_a_request_aborted_while_it_waits_for_its_turn_is_never_sent() -> None:
@@ -99,6 +100,12 @@ async def test_a_request_aborted_while_it_waits_for_its_turn_is_never_sent() -> 
                 # The middle one: trio runs a pass's tasks in order or reversed, so it waits ~50 passes.
                 middle = f"r{50 * PER_PASS}"
                 assert await pipeline.abort(middle) is True
+                # Its submit raises at once, not when its turn would have come (~50 passes on).
+                for _ in range(5):
+                    await trio.lowlevel.checkpoint()
+                assert isinstance(outcomes.get(middle), ot.RequestAborted)
+                assert len(outcomes) < 50 * PER_PASS
     assert isinstance(outcomes[middle], ot.RequestAborted)
     assert middle not in COMPUTED and len(COMPUTED) == 100 * PER_PASS - 1
     assert sum(isinstance(outcome, BaseException) for outcome in outcomes.values()) == 1
+

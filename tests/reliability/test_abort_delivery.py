@@ -13,13 +13,19 @@ settling time:
   aborted ones (only those it had started before the abort);
 - a fresh request completes at once.
 
+A request aborted before it began sending (it waited for its turn in a burst) asks no worker to
+drop it: its abort does not wait for a worker that cannot answer.
+
 Before the fix the broadcast dropped aborts at the XPUB high-water mark: ``b`` computed aborted
 requests after ``abort()`` had returned True, and held lost ones for good.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +37,7 @@ import trio
 
 import omni_trio as ot
 from omni_trio.control import aborts as aborts_module
+from omni_trio.coordinator.send_pacing import PER_PASS
 from tests.process import helpers
 from tests.reliability.abort_stages import HOG, read_starts
 
@@ -195,3 +202,40 @@ async def test_abort_storm_while_a_process_holds_the_gil(ipc_base: Path) -> None
                 assert await pipeline.submit("fresh", "fresh") == {"trail": ["a", "b", "c"]}
             assert hog == [{"trail": ["a", "h"]}]
     print(f"\n{figures('abort_storm_gil_held', latencies, confirmed, computed)}")
+
+
+async def test_an_abort_of_a_request_that_never_left_asks_no_worker(
+    ipc_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker is stopped: an abort sent to it waits for its confirmation up to the bound.
+    monkeypatch.setattr(aborts_module, "WAIT_BOUND_S", 2.0)
+    config = helpers.config(ipc_base, ot.StageConfig(
+        name="record", factory_path="tests.stages.create_append", factory={"tag": "a"}, process="p_record",
+        terminal=True,
+    ))
+    with trio.fail_after(60):
+        async with ot.open_pipeline(config) as pipeline, trio.open_nursery() as nursery:
+            (worker,) = [pid for pid, cmd in helpers.worker_processes().items() if cmd.endswith("/p_record.spec")]
+            os.kill(worker, signal.SIGSTOP)
+            try:
+
+                async def submit(request_id: str) -> None:
+                    with contextlib.suppress(ot.RequestAborted):  # or served, once the worker runs again
+                        await pipeline.submit(request_id, "x")
+
+                nursery.start_soon(submit, "sent")  # alone: it starts sending at once
+                await trio.sleep(0.1)
+                for index in range(100 * PER_PASS):
+                    nursery.start_soon(submit, f"r{index}")
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
+                began = trio.current_time()
+                assert await pipeline.abort(f"r{50 * PER_PASS}") is True  # never sent: nothing to confirm
+                assert trio.current_time() - began < 1
+                began = trio.current_time()
+                assert await pipeline.abort("sent") is True  # sent: it waits for the stopped worker
+                assert trio.current_time() - began >= 1.5
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            for request_id in ["sent", *(f"r{index}" for index in range(100 * PER_PASS))]:
+                await pipeline.abort(request_id)
