@@ -1,4 +1,5 @@
-"""``python -m benchmarks serving``: its arithmetic on hand-made arrivals, and a ``--quick`` run end to end."""
+"""``python -m benchmarks serving``: its arithmetic on hand-made arrivals, a ``--quick`` run end to end, and
+the model's first-audio floor (``python -m benchmarks.serving_floor``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.serving_floor import floor_ms
 from benchmarks.serving_metrics import (
     StreamRecord,
     lateness_s,
@@ -20,6 +22,7 @@ from benchmarks.serving_metrics import (
     summarize,
     underrun_s,
 )
+from benchmarks.serving_model import StepCost
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 4  # samples per second: every time below is exact in binary floating point
@@ -80,6 +83,14 @@ def test_poisson_offsets_are_seeded_and_within_the_duration() -> None:
     assert offsets == load_offsets(load, seed=3) != load_offsets(load, seed=4)
     assert offsets == sorted(offsets) and offsets[0] > 0 and offsets[-1] < 2.0
     assert 50 < len(offsets) < 150  # 100 expected; this seed's count is fixed, the bounds only say "Poisson"
+
+
+def test_the_floor_times_every_utterance_from_its_arrival() -> None:
+    cost = StepCost(base_ms=2.0, per_request_ms=1.0)
+    firsts = floor_ms(concurrency=3, rounds=2, frames=2, cost=cost)
+    # Every utterance of every client, each at least the one step (5 ms at 3) that makes its first frame.
+    assert len(firsts) == 6
+    assert all(first >= cost.seconds(3) * 1000 for first in firsts), firsts
 
 
 def test_quick_serving_run_end_to_end(tmp_path: Path) -> None:
