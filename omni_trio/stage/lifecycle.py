@@ -16,6 +16,7 @@ import trio
 
 from omni_trio.comm.alloc import SlotAllocator, allocating
 from omni_trio.config import StageConfig
+from omni_trio.control.sockets import write_batch
 from omni_trio.errors import StageStartupError, describe_error
 from omni_trio.scheduling.outbox import Outbox
 from omni_trio.scheduling.protocol import OutgoingMessage
@@ -175,12 +176,25 @@ class StageLifecycle:
         for request_id in sorted(self._stage.active):
             await self._stage.send_failure(request_id, self.unhealthy)
 
+    async def _route(self, batch: list[OutgoingMessage]) -> bool:
+        """Route one batch from the outbox; True once the stop sentinel was reached.
+
+        Without lanes the drain sends everything itself, so what it sends to each peer is written
+        together after the batch (``control/sockets/write_batch.py``); with lanes, other tasks send.
+        """
+        if self._outbound.has_lanes:
+            return await self._outbound.handle_batch(batch)
+        with write_batch.holding() as held:
+            stop = await self._outbound.handle_batch(batch)
+        await held.flush()
+        return stop
+
     async def _drain(self, source: OutboxSource) -> None:
         try:
             while True:
                 # No local keeps the batch alive while the next one is awaited: what was sent (an
                 # ot.empty tensor's slot, for one) is freed as soon as it is sent.
-                if await self._outbound.handle_batch(await source.next_batch()):
+                if await self._route(await source.next_batch()):
                     return
                 source.sent()
                 # Let co-located stages run between batches.

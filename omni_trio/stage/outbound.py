@@ -100,6 +100,11 @@ class Outbound:
         self._edges = edges
 
     @property
+    def has_lanes(self) -> bool:
+        """Whether sends go out on lanes (other tasks) rather than from the drain itself."""
+        return self._edges is not None
+
+    @property
     def in_flight(self) -> int:
         """Sends under way, and lane items queued or being sent."""
         return self._in_flight_sends + (0 if self._edges is None else self._edges.queued)

@@ -17,7 +17,9 @@ size cap) and the same semantics where the runtime relies on them. This module i
 
 :class:`UnixPush` sends to one peer's inbox. Any number of tasks may send; each message is written
 whole (a partly written one is finished, shielded, before the next). A full socket buffer makes
-senders wait, as a PUSH socket waits at its high-water mark. A message over the policy's
+senders wait, as a PUSH socket waits at its high-water mark. Within a
+:func:`~omni_trio.control.sockets.write_batch.holding` block, the messages of the task that opened
+it are written together when the batch is flushed. A message over the policy's
 ``max_message_bytes`` raises MessageTooLarge at the sender.
 
 Where ZMQ would queue a message for a peer that is not listening (a worker that died and has not
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 
 import trio
 
+from omni_trio.control.sockets import write_batch
 from omni_trio.control.sockets.framing import frame_view, message_head
 from omni_trio.control.sockets.turns import SendTurns
 from omni_trio.control.sockets.zmq_sockets import IpcPath, ipc_endpoint
@@ -48,6 +51,8 @@ __all__ = ["UnixPush"]
 
 log = get_logger(__name__)
 
+#: Most buffers one ``sendmsg`` takes (the kernel refuses more than IOV_MAX, 1024 on Linux).
+_MOST_BUFFERS = 512
 #: The peer is not there (no socket file, nobody listening, the connection broke).
 _ABSENT = (errno.ENOENT, errno.ECONNREFUSED, errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)
 
@@ -140,6 +145,16 @@ class UnixPush:
         if sum(sizes) > self._max_bytes:
             raise MessageTooLarge(sum(sizes), self._max_bytes)
         buffers: list[memoryview] = [memoryview(message_head(sizes)), *views]
+        batch = write_batch.current()
+        if batch is not None and not urgent and batch.mine():
+            if all(isinstance(frame, bytes) for frame in frames):
+                batch.hold(self, self._write_held, buffers)
+                return
+            buffers = [*batch.take(self), *buffers]  # what was held for this peer goes first
+        await self._send(buffers, urgent=urgent)
+
+    async def _send(self, buffers: list[memoryview], *, urgent: bool = False) -> None:
+        """Write ``buffers`` (whole framed messages) in this link's turn."""
         if self._turns.busy():
             await self._turns.take(urgent=urgent)
             try:
@@ -154,6 +169,12 @@ class UnixPush:
             self._turns.release()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _write_held(self, buffers: list[memoryview]) -> None:
+        """Write the messages a :class:`~omni_trio.control.sockets.write_batch.WriteBatch` held; none once
+        the link is closed (as a send after the close would be refused)."""
+        if not self._closed:
+            await self._send(buffers)
 
     async def _write(self, buffers: list[memoryview]) -> bool:
         """Write one framed message (caller holds the lock); whether it yielded to the scheduler.
@@ -181,7 +202,7 @@ class UnixPush:
         sent_any = False
         while buffers:
             try:
-                sent = sock.sendmsg(buffers, (), socket.MSG_NOSIGNAL)
+                sent = sock.sendmsg(buffers[:_MOST_BUFFERS], (), socket.MSG_NOSIGNAL)
             except BlockingIOError:
                 yielded = True
                 if sent_any:
