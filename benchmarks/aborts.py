@@ -12,7 +12,8 @@ when the slow stage is behind.
 Reported: the latency of ``pipeline.abort()`` (p50/p90/p99/max, ms), how many aborted requests
 the slow stage computed after their abort was called (``computed_after_abort``: work an abort
 should have prevented) and before (``computed_before_abort``: done before anybody asked), the
-total time, and the checks: every request resolved exactly once (a result, or
+total time, the caller's full garbage collections (each one's pause, and how many began while
+aborts were being called: nothing in the caller runs during one), and the checks: every request resolved exactly once (a result, or
 :class:`~omni_trio.RequestAborted` when its ``abort()`` returned True), and ``stats()`` is idle
 afterwards. Lab notes: benchmarks/ABORT_NOTES.md; figures: docs/performance.md, "Aborts under load".
 """
@@ -76,6 +77,28 @@ def chain(record: str) -> PipelineConfig:
     )
 
 
+class FullCollections:
+    """A ``gc.callbacks`` hook: when each full (generation 2) collection of this process began, and how long it took."""
+
+    def __init__(self) -> None:
+        self.began: list[float] = []
+        self.pauses_ms: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.monotonic()
+        else:
+            self.began.append(self._start)
+            self.pauses_ms.append((time.monotonic() - self._start) * 1000)
+
+    def count_between(self, first: float, last: float) -> int:
+        """How many full collections began between the monotonic times ``first`` and ``last``."""
+        return sum(1 for began in self.began if first <= began <= last)
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest rank; 0 for none."""
     if not values:
@@ -94,6 +117,8 @@ async def run(
     abort_calls: dict[str, tuple[float, float, bool]] = {}
     outcomes: dict[str, list[str]] = {}
     in_flight = [0, 0]  # submits under way now, and the most at once
+    full_collections = FullCollections()
+    gc.callbacks.append(full_collections)
     with tempfile.TemporaryDirectory(prefix="bench-aborts-") as tmp:
         record = Path(tmp) / "computed.txt"
         started = time.perf_counter()
@@ -137,6 +162,7 @@ async def run(
                     nursery.start_soon(one, index, delay)
             elapsed = time.perf_counter() - started
             stats = await pipeline.stats()
+        gc.callbacks.remove(full_collections)
         computed: dict[str, float] = {}
         for line in record.read_text(encoding="utf-8").splitlines():
             request_id, at = line.split()
@@ -167,6 +193,11 @@ async def run(
         "computed_before_abort": before,
         "slow_stage_computed": len(computed),
         "total_s": round(elapsed, 3),
+        "caller_full_gc_ms": [round(ms, 1) for ms in full_collections.pauses_ms],
+        "full_gc_during_aborts": full_collections.count_between(
+            min((called for called, _, _ in abort_calls.values()), default=0.0),
+            max((called + latency for called, latency, _ in abort_calls.values()), default=0.0),
+        ),
         "resolved_once": len(outcomes) == requests and not wrong,
         "wrongly_resolved": dict(list(wrong.items())[:5]),
         "idle_after": stats.idle,

@@ -30,3 +30,6 @@ def test_a_small_abort_storm_resolves_every_request_once_and_leaves_the_pipeline
     computed = figures["computed_after_abort"] + figures["computed_before_abort"]
     finished = 500 - figures["aborts_accepted"]
     assert finished <= figures["slow_stage_computed"] == finished + computed
+    # The caller's full collections, as counted by a gc callback: each a pause, some maybe among the aborts.
+    assert all(pause >= 0 for pause in figures["caller_full_gc_ms"])
+    assert 0 <= figures["full_gc_during_aborts"] <= len(figures["caller_full_gc_ms"])

@@ -28,6 +28,7 @@ from omni_trio.comm.tcp import TcpCredits, TcpPut
 from omni_trio.comm.transfer import encode_inline, encode_object, tensor_bytes
 from omni_trio.control.hosting import Placement
 from omni_trio.control.peers import Peers
+from omni_trio.control.sockets import write_batch
 from omni_trio.control.tasks import EndpointTasks
 from omni_trio.control.transfers import Transfers
 from omni_trio.control.wire import messages as m
@@ -170,7 +171,12 @@ class Sender:
             settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
             pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
         try:
-            await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
+            if put is None:
+                # Inline: nothing this process waits for depends on it, so it may wait in the drain's batch.
+                with write_batch.holdable():
+                    await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
+            else:
+                await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
         except BaseException:
             # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.
             if pending is not None:

@@ -1,6 +1,9 @@
-"""Held writes: the messages one task sends inside ``write_batch.holding()`` reach a same-host peer
-only when the batch is flushed, each peer's in one write, in the order they were sent; urgent
-messages, messages of other tasks and messages framing borrowed memory are never held back."""
+"""Held writes: the holdable messages one task sends inside ``write_batch.holding()`` reach a same-host
+peer only when the batch is flushed, each peer's in one write, in the order they were sent; urgent
+messages, messages not marked holdable, messages of other tasks and messages framing borrowed memory
+are never held back, and go after what was held for their peer. In a pipeline, a drain that waits for
+a shared-memory credit while it holds messages is not stuck (the test that found it:
+tests/reliability/test_backpressure_credits.py)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ async def test_a_task_s_messages_go_out_together_when_flushed(
         await push_b.send_multipart([b"connect"])
         assert await pull_a.recv_multipart() == [b"connect"] and await pull_b.recv_multipart() == [b"connect"]
         CountingSocket.calls = 0
-        with write_batch.holding() as held:
+        with write_batch.holding() as held, write_batch.holdable():
             for n in range(10):
                 await push_a.send_multipart([b"a", n.to_bytes(2, "little")])
                 await push_b.send_multipart([b"b", n.to_bytes(2, "little")])
@@ -73,16 +76,19 @@ async def test_what_is_never_held(inbox_paths: tuple[str, str]) -> None:
     with trio.fail_after(10), UnixPull(path, POLICY) as pull:
         push = UnixPush(path, POLICY)
         with write_batch.holding() as held:
-            await push.send_multipart([b"held"])
-            await push.send_multipart([b"urgent"], urgent=True)
-            assert await pull.recv_multipart() == [b"urgent"]
-            async with trio.open_nursery() as nursery:  # another task: written at once
-                nursery.start_soon(push.send_multipart, [b"other task"])
-            assert await pull.recv_multipart() == [b"other task"]
-            # A view of memory the sender may reuse once the send returns: written now, after what was held.
-            await push.send_multipart([memoryview(bytearray(b"borrowed"))])
-            assert await pull.recv_multipart() == [b"held"]
-            assert await pull.recv_multipart() == [b"borrowed"]
+            with write_batch.holdable():
+                await push.send_multipart([b"held 1"])
+                await push.send_multipart([b"urgent"], urgent=True)
+                assert await pull.recv_multipart() == [b"urgent"]
+                async with trio.open_nursery() as nursery:  # another task: written at once
+                    nursery.start_soon(push.send_multipart, [b"other task"])
+                assert await pull.recv_multipart() == [b"other task"]
+                # A view of memory its sender may reuse once the send returns: now, after what was held.
+                await push.send_multipart([memoryview(bytearray(b"borrowed"))])
+                assert [await pull.recv_multipart(), await pull.recv_multipart()] == [[b"held 1"], [b"borrowed"]]
+                await push.send_multipart([b"held 2"])
+            await push.send_multipart([b"not holdable"])  # now, after what was held
+            assert [await pull.recv_multipart(), await pull.recv_multipart()] == [[b"held 2"], [b"not holdable"]]
         await held.flush()
         await trio.sleep(0.05)
         assert pull.recv_nowait() is None  # nothing was left to flush
@@ -93,7 +99,7 @@ async def test_a_closed_link_drops_what_it_held(inbox_paths: tuple[str, str]) ->
     path, _ = inbox_paths
     with trio.fail_after(10), UnixPull(path, POLICY) as pull:
         push = UnixPush(path, POLICY)
-        with write_batch.holding() as held:
+        with write_batch.holding() as held, write_batch.holdable():
             await push.send_multipart([b"held"])
         push.close()
         await held.flush()

@@ -147,7 +147,7 @@ class UnixPush:
         buffers: list[memoryview] = [memoryview(message_head(sizes)), *views]
         batch = write_batch.current()
         if batch is not None and not urgent and batch.mine():
-            if all(isinstance(frame, bytes) for frame in frames):
+            if write_batch.may_hold() and all(isinstance(frame, bytes) for frame in frames):
                 batch.hold(self, self._write_held, buffers)
                 return
             buffers = [*batch.take(self), *buffers]  # what was held for this peer goes first

@@ -9,11 +9,14 @@ the batch and :meth:`WriteBatch.flush` writes each peer's in one ``sendmsg`` (``
 serving``: 11-15 % less CPU per stream at 8 and 16 streams). Each message is still framed and sealed
 on its own; the receiver reads them as before.
 
-Only the opening task's messages wait, and only until the batch is flushed: a task the batch's code
-starts, or any other, writes at once (no message of another task waits behind the batch), and
-messages of one task to one peer keep their order. Urgent messages are never held. A message whose
-frames are not ``bytes`` (a view of a tensor's memory, which may be reused once its send returned) is
-written at once, after the messages held before it for the same peer.
+Only messages sent under :func:`holdable` wait: the data plane's messages whose object travelled
+inline (:class:`~omni_trio.control.sending.Sender`). Nothing then waits for them: a message about an
+object in shared memory or on a TCP connection may be what a credit or a pooled slot the same drain
+waits for next depends on, so it goes out at once, with what was held for its peer before it (the
+order of one task's messages to one peer is kept). Only the opening task's messages wait, and only
+until the batch is flushed: a task the batch's code starts, or any other, writes at once. Urgent
+messages are never held, nor a message whose frames are not ``bytes`` (a view of memory its sender
+may reuse once the send returned).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
-__all__ = ["WriteBatch", "current", "holding"]
+__all__ = ["WriteBatch", "current", "holdable", "holding", "may_hold"]
 
 #: Writes one link's held messages (its buffers, in order); the link's own method.
 WriteHeld = Callable[[list[memoryview]], Awaitable[None]]
 
 _CURRENT: contextvars.ContextVar[WriteBatch | None] = contextvars.ContextVar("omni_trio_write_batch", default=None)
+_HOLDABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("omni_trio_write_holdable", default=False)
 
 
 class WriteBatch:
@@ -75,3 +79,18 @@ def holding() -> Iterator[WriteBatch]:
         yield batch
     finally:
         _CURRENT.reset(token)
+
+
+def may_hold() -> bool:
+    """Whether the message being sent was marked :func:`holdable`."""
+    return _HOLDABLE.get()
+
+
+@contextlib.contextmanager
+def holdable() -> Iterator[None]:
+    """The message sent within the block may wait in the running task's batch (nothing waits for it)."""
+    token = _HOLDABLE.set(True)
+    try:
+        yield
+    finally:
+        _HOLDABLE.reset(token)
