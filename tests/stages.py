@@ -319,13 +319,15 @@ def create_burst_streamer() -> BurstStreamer:
 
 
 def create_loop_burst_streamer() -> SimpleScheduler:
-    """Streams ``chunks`` (param) chunks ``full((8,), i)`` from an inline compute, so every put lands on
-    the stage's event loop before its drain, idle until the first put, can run; then returns the payload."""
+    """Streams ``chunks`` (param) chunks ``full((numel,), i)`` (param ``numel``, default 8) from an inline
+    compute, so every put lands on the stage's event loop before its drain, idle until the first put, can
+    run; then returns the payload."""
     import torch
 
     def burst(payload: StagePayload) -> StagePayload:
+        numel = int(payload.request.params.get("numel", 8))
         for i in range(int(payload.request.params["chunks"])):
-            scheduler.outbox.put(OutgoingMessage(payload.request_id, "stream", data=torch.full((8,), float(i))))
+            scheduler.outbox.put(OutgoingMessage(payload.request_id, "stream", data=torch.full((numel,), float(i))))
         return payload
 
     scheduler = SimpleScheduler(burst, inline=True)

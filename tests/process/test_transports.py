@@ -343,3 +343,19 @@ async def test_the_first_chunk_leaves_alone_and_the_rest_coalesce(ipc_base: Path
     assert [e.chunk for e in events if isinstance(e, ot.StreamMessage)] == [float(8 * i) for i in range(10)]
     sends = Run(None, ot.read_trace(trace), trace).named("comm_stream_send", from_stage="burst")
     assert [(s["chunk_id"], s["chunk_count"]) for s in sends] == [(0, 1), (1, 9)]
+
+
+async def test_a_burst_of_shared_memory_chunks_flows_on_two_credits(ipc_base: Path) -> None:
+    # Ten chunks of 256 KiB queued at once, two credits to the consumer: the drain sends each chunk's
+    # message at once (it waits for the credit an earlier chunk's ACK returns; a held message would
+    # never be ACKed, and the stream would stall until the ACK timeout, 30 s).
+    numel = 64 * 1024
+    config = helpers.config(
+        ipc_base,
+        stage("burst", "create_loop_burst_streamer", process="p_burst", next="sum", stream_to=["sum"]),
+        stage("sum", "create_streaming_sum", process="p_sum", terminal=True, can_accept_stream_before_payload=True),
+    )
+    with trio.fail_after(20):
+        async with ot.open_pipeline(config) as pipeline:
+            events = [event async for event in pipeline.stream("r0", "go", params={"chunks": 10, "numel": numel})]
+    assert [e.chunk for e in events if isinstance(e, ot.StreamMessage)] == [float(numel * i) for i in range(10)]
