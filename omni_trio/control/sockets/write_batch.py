@@ -6,8 +6,9 @@ message of its own. Written one by one, every message costs a ``sendmsg``, a pas
 and, at the receiver, a wake-up and a read. Inside :func:`holding`, a same-host link
 (:class:`~omni_trio.control.sockets.unix_link.UnixPush`) keeps the messages of the task that opened
 the batch and :meth:`WriteBatch.flush` writes each peer's in one ``sendmsg`` (``python -m benchmarks
-serving``: 11-15 % less CPU per stream at 8 and 16 streams). Each message is still framed and sealed
-on its own; the receiver reads them as before.
+serving``: 5-15 % less CPU per stream at 8 and 16 streams; the stage holds batches of six outputs
+or more, see ``stage/lifecycle.py``). Each message is still framed and sealed on its own; the
+receiver reads them as before.
 
 Only messages sent under :func:`holdable` wait: the data plane's messages whose object travelled
 inline (:class:`~omni_trio.control.sending.Sender`). Nothing then waits for them: a message about an
