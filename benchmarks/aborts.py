@@ -13,9 +13,10 @@ Reported: the latency of ``pipeline.abort()`` (p50/p90/p99/max, ms), how many ab
 the slow stage computed after their abort was called (``computed_after_abort``: work an abort
 should have prevented) and before (``computed_before_abort``: done before anybody asked), the
 total time, the caller's full garbage collections (each one's pause, and how many began while
-aborts were being called: nothing in the caller runs during one), and the checks: every request resolved exactly once (a result, or
-:class:`~omni_trio.RequestAborted` when its ``abort()`` returned True), and ``stats()`` is idle
-afterwards. Lab notes: benchmarks/ABORT_NOTES.md; figures: docs/performance.md, "Aborts under load".
+aborts were being called: nothing in the caller runs during one), and the checks: every request
+resolved exactly once (a result, or :class:`~omni_trio.RequestAborted` when its ``abort()``
+returned True), and ``stats()`` is idle afterwards. Lab notes: benchmarks/ABORT_NOTES.md;
+figures: docs/performance.md, "Aborts under load".
 """
 
 from __future__ import annotations
