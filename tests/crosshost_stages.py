@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_trio import SimpleScheduler, StagePayload
+from tests.stages import Releases
 
 
 def create_make(numel: int = 1 << 20) -> SimpleScheduler:
@@ -122,7 +123,6 @@ def create_where(replica: int, ray_node: bool = False) -> SimpleScheduler:
     until it is aborted (or its process dies), after ``HELD <replica> <pid>`` on stderr."""
     import os
     import sys
-    import threading
 
     node = actor = None
     if ray_node:
@@ -130,20 +130,14 @@ def create_where(replica: int, ray_node: bool = False) -> SimpleScheduler:
 
         context = ray.get_runtime_context()
         node, actor = context.get_node_id(), context.get_actor_name()
-    released: dict[str, threading.Event] = {}
-    lock = threading.Lock()
-
-    def event_for(request_id: str) -> threading.Event:
-        with lock:
-            return released.setdefault(request_id, threading.Event())
+    releases = Releases()
 
     def fn(payload: StagePayload) -> StagePayload:
         if payload.request.params.get("block"):
             print("HELD", replica, os.getpid(), file=sys.stderr, flush=True)
-            event_for(payload.request_id).wait()
-        with lock:
-            released.pop(payload.request_id, None)
+            releases.of(payload.request_id).wait()
+        releases.forget(payload.request_id)
         payload.data = {"replica": replica, "pid": os.getpid(), "node": node, "actor": actor}
         return payload
 
-    return SimpleScheduler(fn, abort_callback=lambda request_id: event_for(request_id).set(), max_concurrency=4)
+    return SimpleScheduler(fn, abort_callback=lambda request_id: releases.of(request_id).set(), max_concurrency=4)

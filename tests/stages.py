@@ -51,33 +51,46 @@ def create_refuse():
     return SimpleScheduler(fn)
 
 
+class Releases:
+    """A ``threading.Event`` per request id, for computes that block until their request is aborted:
+    the compute waits on :meth:`of`, the scheduler's abort callback sets it."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def of(self, request_id: str) -> threading.Event:
+        """The event of ``request_id`` (made at the first ask, by the compute or by the abort)."""
+        with self._lock:
+            return self._events.setdefault(request_id, threading.Event())
+
+    def forget(self, request_id: str) -> None:
+        """``request_id``'s compute is over: its event is not needed any more."""
+        with self._lock:
+            self._events.pop(request_id, None)
+
+
 def blocking_until_aborted(
     tag: str, before: Any = None, max_concurrency: int = 1, on_abort: Any = None
 ) -> SimpleScheduler:
     """A SimpleScheduler whose compute blocks until its request is aborted (unless the
     ``block`` param is False), after running ``before(payload)`` if given; ``on_abort(request_id)``,
     if given, runs when a request is aborted."""
-    released: dict[str, threading.Event] = {}
-    lock = threading.Lock()
-
-    def event_for(request_id: str) -> threading.Event:
-        with lock:
-            return released.setdefault(request_id, threading.Event())
+    releases = Releases()
 
     def fn(payload: StagePayload) -> StagePayload:
         if before is not None:
             before(payload)
         if payload.request.params.get("block", True):
-            event_for(payload.request_id).wait()
-        with lock:
-            released.pop(payload.request_id, None)
+            releases.of(payload.request_id).wait()
+        releases.forget(payload.request_id)
         payload.data = {"trail": [tag]}
         return payload
 
     def abort_callback(request_id: str) -> None:
         if on_abort is not None:
             on_abort(request_id)
-        event_for(request_id).set()
+        releases.of(request_id).set()
 
     return SimpleScheduler(fn, abort_callback=abort_callback, max_concurrency=max_concurrency)
 
