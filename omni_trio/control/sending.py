@@ -12,6 +12,7 @@ is sent.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import time
@@ -170,12 +171,10 @@ class Sender:
             # Registered before sending: the ACK may arrive during the send's checkpoint.
             settles = self._tcp_credits_of(sender) if isinstance(put, TcpPut) else relay
             pending = self._transfers.track(object_id, settles, put, request_id, sender, receiver)
+        # Inline, nothing this process waits for depends on the message: it may wait in a drain's batch.
+        holdable = write_batch.holdable() if put is None else contextlib.nullcontext()
         try:
-            if put is None:
-                # Inline: nothing this process waits for depends on it, so it may wait in the drain's batch.
-                with write_batch.holdable():
-                    await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
-            else:
+            with holdable:
                 await self._peers.send(self._placement.process_of(receiver), make(ref.to_wire()))
         except BaseException:
             # Not sent (an abort cancelled it, or the socket failed): nobody will ACK.

@@ -18,8 +18,8 @@ size cap) and the same semantics where the runtime relies on them. This module i
 :class:`UnixPush` sends to one peer's inbox. Any number of tasks may send; each message is written
 whole (a partly written one is finished, shielded, before the next). A full socket buffer makes
 senders wait, as a PUSH socket waits at its high-water mark. Within a
-:func:`~omni_trio.control.sockets.write_batch.holding` block, the messages of the task that opened
-it are written together when the batch is flushed. A message over the policy's
+:func:`~omni_trio.control.sockets.write_batch.holding` block, the holdable messages of the task that
+opened it are written together when the batch is flushed. A message over the policy's
 ``max_message_bytes`` raises MessageTooLarge at the sender.
 
 Where ZMQ would queue a message for a peer that is not listening (a worker that died and has not
