@@ -193,7 +193,11 @@ def test_first_chunk_timeline_marks_the_steps_of_all_three_processes() -> None:
     proc = _script("first_chunk_timeline.py", "--requests", "5", "--chunks", "20", "--pause-after-first", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line.split("µs", 1)[1].strip() for line in proc.stdout.splitlines() if "µs" in line]
-    assert rows[0] == "C caller: stream() called" and rows[-1] == "C caller: first chunk", rows
+    # Each request's marks end at its first chunk; a step seen in only some requests ("(in 3 of 5)")
+    # has its median over those, which can fall after the first chunk's median over all of them.
+    in_every_request = [row for row in rows if "(in " not in row]
+    assert in_every_request[0] == "C caller: stream() called", rows
+    assert in_every_request[-1] == "C caller: first chunk", rows
     for step in ("C seal + sendmsg >", "T loop woken", "T talker thread: has the request", "T encode object >",
                  "V decode object >", "V vocoder thread: on_stream_chunk", "C chunk to the reader >"):
         assert step in rows, (step, rows)
