@@ -1,34 +1,23 @@
-"""The checks behind :class:`~omni_trio.config.PipelineConfig`'s validation, each returning every problem
-of its part with the problem's path: the stage list, each stage, the process groups, the graph, and
-each pipeline-wide setting. ``PipelineConfig`` runs them all on construction
-(:func:`~omni_trio.config.pipeline.validate`); whether hooks import is
-:func:`~omni_trio.config.check_imports`' job, when a pipeline opens.
+"""The checks behind :class:`~omni_trio.config.PipelineConfig`'s validation of its stages, each
+returning every problem of its part with the problem's path: the stage list, each stage, the process
+groups and the graph (the pipeline-wide settings' checks are :mod:`omni_trio.config.setting_checks`).
+``PipelineConfig`` runs them all on construction (:func:`~omni_trio.config.pipeline.validate`);
+whether hooks import is :func:`~omni_trio.config.check_imports`' job, when a pipeline opens.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 
 from omni_trio.config.hooks import did_you_mean, hook_path_problems, scheduler_option_problems
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, restart_problems
-from omni_trio.config.settings import (
-    MIN_MESSAGE_BYTES,
-    STREAM_ADMISSION_MODES,
-    EndpointsConfig,
-    ServeConfig,
-    SocketLimits,
-    StreamAdmissionConfig,
-    StreamDeliveryConfig,
-)
+from omni_trio.config.setting_checks import is_whole
 from omni_trio.config.stages import MAIN_PROCESS, REPLICA_SUFFIX, StageConfig
 from omni_trio.errors import ConfigProblem
 
 # A worker's name names its socket and spec files: one plain path component.
 _PROCESS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-#: The values of ``PipelineConfig.start_method`` (see :mod:`omni_trio.runtime.workers.launch`).
-START_METHODS = ("template", "spawn")
 
 
 def stage_list_problems(stages: Sequence[object]) -> list[ConfigProblem]:
@@ -123,7 +112,7 @@ def stage_problems(index: int, stage: StageConfig, known: set[str]) -> list[Conf
         )
     if stage.comm is not None and (stage.comm.credits < 1 or stage.comm.slot_size_mb < 1):
         problems.append(ConfigProblem(f"{at}.comm", "credits and slot_size_mb must be at least 1"))
-    if stage.comm is not None and not _is_whole(stage.comm.pool_mb, 0):
+    if stage.comm is not None and not is_whole(stage.comm.pool_mb, 0):
         problems.append(ConfigProblem(f"{at}.comm", f"pool_mb must be a whole number >= 0, got {stage.comm.pool_mb!r}"))
     problems += _process_problems(f"{at}.process", stage.process)
     problems += restart_problems(at, stage.restart, stage.max_restarts, stage.restart_backoff_s)
@@ -135,7 +124,7 @@ def _replica_problems(at: str, stage: StageConfig) -> list[ConfigProblem]:
     if isinstance(stage.name, str) and REPLICA_SUFFIX.search(stage.name):
         problems.append(ConfigProblem(f"{at}.name", f"{stage.name!r} ends like a replica's name (@r<digits>)"))
     count = stage.replicas
-    if not _is_whole(count, 1):
+    if not is_whole(count, 1):
         return [*problems, ConfigProblem(f"{at}.replicas", f"expected a whole number >= 1, got {count!r}")]
     if count > 1 and stage.process is None:
         problems.append(
@@ -257,144 +246,6 @@ def no_effect_problems(stages: list[StageConfig]) -> list[ConfigProblem]:
             others = f" (and {len(setting) - 1} more stage(s))" if len(setting) > 1 else ""
             problems.append(ConfigProblem(f"stages[{setting[0]}].{field}", f"{field}{others} is {why}",
                                           severity="warning"))
-    return problems
-
-
-def admission_problems(limit: object) -> list[ConfigProblem]:
-    """The problems of ``max_in_flight`` (None, or a whole number >= 1)."""
-    if limit is None or _is_whole(limit, 1):
-        return []
-    return [ConfigProblem("max_in_flight", f"expected a whole number >= 1 or None (unlimited), got {limit!r}")]
-
-
-def stream_delivery_problems(stream_delivery: StreamDeliveryConfig) -> list[ConfigProblem]:
-    """The problems of ``stream_delivery`` (the unread stream output cap), with their paths."""
-    backlog = stream_delivery.max_total_backlog_bytes
-    if _is_whole(backlog, 1):
-        return []
-    problem = f"expected a whole number of bytes >= 1, got {backlog!r}"
-    return [ConfigProblem("stream_delivery.max_total_backlog_bytes", problem)]
-
-
-def stream_admission_problems(admission: StreamAdmissionConfig) -> list[ConfigProblem]:
-    """The problems of ``stream_admission`` (when new streams are refused), with their paths."""
-    at = "stream_admission"
-    if not isinstance(admission, StreamAdmissionConfig):
-        return [ConfigProblem(at, f"expected a StreamAdmissionConfig, got {type(admission).__name__}")]
-    problems = []
-    if admission.mode not in STREAM_ADMISSION_MODES:
-        modes = ", ".join(repr(mode) for mode in STREAM_ADMISSION_MODES)
-        problems.append(ConfigProblem(f"{at}.mode", f"expected one of {modes}, got {admission.mode!r}"))
-    cap = admission.max_streams
-    if admission.mode == "fixed" and not _is_whole(cap, 1):
-        problems.append(ConfigProblem(f"{at}.max_streams", f"mode 'fixed' needs a whole number >= 1, got {cap!r}"))
-    elif admission.mode != "fixed" and cap is not None:
-        problems.append(ConfigProblem(f"{at}.max_streams", f"only mode 'fixed' uses it (mode is {admission.mode!r})"))
-    for field in ("min_slack_s", "recover_s", "stall_tolerance_s", "cadence_tolerance"):
-        value = getattr(admission, field)
-        if not _is_seconds(value):
-            problems.append(ConfigProblem(f"{at}.{field}", f"expected a number >= 0, got {value!r}"))
-    if not _is_seconds(admission.max_pace) or admission.max_pace == 0:
-        problems.append(ConfigProblem(f"{at}.max_pace", f"expected a number > 0, got {admission.max_pace!r}"))
-    if not _is_whole(admission.cadence_arrivals, 1):
-        problems.append(ConfigProblem(f"{at}.cadence_arrivals",
-                                      f"expected a whole number >= 1, got {admission.cadence_arrivals!r}"))
-    return problems
-
-
-def endpoints_problems(endpoints: EndpointsConfig) -> list[ConfigProblem]:
-    """The problems of ``endpoints``: a ``max_message_bytes`` an inline message would not fit, and the
-    inbox's limits (counts, times, bytes), with their paths."""
-    problems = []
-    size = endpoints.max_message_bytes
-    if not _is_whole(size, MIN_MESSAGE_BYTES):
-        problems.append(ConfigProblem(
-            "endpoints.max_message_bytes",
-            f"expected a whole number of bytes >= {MIN_MESSAGE_BYTES} (inline messages must fit), got {size!r}",
-        ))
-    if not _is_whole(endpoints.max_unproven_connections, 1):
-        problems.append(ConfigProblem(
-            "endpoints.max_unproven_connections",
-            f"expected a whole number >= 1, got {endpoints.max_unproven_connections!r}",
-        ))
-    for name in ("proof_timeout_s", "message_timeout_s"):
-        value = getattr(endpoints, name)
-        if not _is_seconds(value, positive=True):
-            problems.append(ConfigProblem(f"endpoints.{name}", f"expected seconds > 0, got {value!r}"))
-    unfinished = endpoints.max_unfinished_bytes
-    if not _is_whole(unfinished, size if _is_whole(size, MIN_MESSAGE_BYTES) else MIN_MESSAGE_BYTES):
-        problems.append(ConfigProblem(
-            "endpoints.max_unfinished_bytes",
-            f"expected a whole number of bytes >= max_message_bytes (one message must fit), got {unfinished!r}",
-        ))
-    return problems
-
-
-def start_method_problems(method: object) -> list[ConfigProblem]:
-    """The problem of ``start_method``, if it names no way of starting workers."""
-    if method in START_METHODS:
-        return []
-    return [ConfigProblem(
-        "start_method",
-        f"expected 'template' (fork workers from one preloaded process, the default) or 'spawn' "
-        f"(a fresh interpreter per worker), got {method!r}",
-    )]
-
-
-def _is_seconds(value: object, *, positive: bool = False) -> bool:
-    # A finite number (TOML has nan and inf literals; neither is a time), >= 0, or > 0 when positive.
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return False
-    return value > 0 if positive else value >= 0
-
-
-def _is_whole(value: object, minimum: int) -> bool:
-    # bool is an int subclass, but a count of True is surely a mistake.
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def serve_problems(serve: object) -> list[ConfigProblem]:
-    """The problems of the ``serve`` section (None: not served): model id, adapter, body limit, time
-    settings, retry hint, with their paths."""
-    if serve is None:
-        return []
-    if not isinstance(serve, ServeConfig):
-        return [ConfigProblem("serve", f"expected a ServeConfig, got {type(serve).__name__}")]
-    problems = []
-    if not isinstance(serve.model, str) or not serve.model:
-        problems.append(ConfigProblem("serve.model", f"expected a non-empty model id, got {serve.model!r}"))
-    problems += hook_path_problems("serve.adapter", serve.adapter)
-    if not isinstance(serve.adapter_options, dict):
-        problems.append(ConfigProblem("serve.adapter_options", "expected a table of keyword arguments"))
-    body = serve.max_body_bytes
-    if not _is_whole(body, 1):
-        problems.append(ConfigProblem("serve.max_body_bytes", f"expected a whole number >= 1, got {body!r}"))
-    if not _is_seconds(serve.grace_period_s):
-        problems.append(ConfigProblem("serve.grace_period_s", f"expected seconds >= 0, got {serve.grace_period_s!r}"))
-    if serve.deadline_s is not None and not _is_seconds(serve.deadline_s, positive=True):
-        problems.append(ConfigProblem("serve.deadline_s", f"expected seconds > 0 or None, got {serve.deadline_s!r}"))
-    retry = serve.retry_after_s
-    if not _is_whole(retry, 0):
-        problems.append(ConfigProblem("serve.retry_after_s", f"expected a whole number >= 0, got {retry!r}"))
-    problems += socket_limits_problems(serve.sockets)
-    return problems
-
-
-def socket_limits_problems(limits: object, path: str = "serve.sockets") -> list[ConfigProblem]:
-    """The problems of the WebSocket limits (``serve.sockets``), with their paths."""
-    if not isinstance(limits, SocketLimits):
-        return [ConfigProblem(path, f"expected a SocketLimits, got {type(limits).__name__}")]
-    problems = []
-    for name in ("max_message_bytes", "max_realtime_sessions", "max_text_chars"):
-        value = getattr(limits, name)
-        if not _is_whole(value, 1):
-            problems.append(ConfigProblem(f"{path}.{name}", f"expected a whole number >= 1, got {value!r}"))
-    for name in ("max_turn_audio_s", "max_session_audio_s", "idle_timeout_s"):
-        value = getattr(limits, name)
-        if not _is_seconds(value, positive=True):
-            problems.append(ConfigProblem(f"{path}.{name}", f"expected seconds > 0, got {value!r}"))
-    if not _is_seconds(limits.output_lead_s):
-        problems.append(ConfigProblem(f"{path}.output_lead_s", f"expected seconds >= 0, got {limits.output_lead_s!r}"))
     return problems
 
 

@@ -8,7 +8,7 @@ import os
 
 import attrs
 
-from omni_trio.config import checks
+from omni_trio.config import checks, setting_checks
 from omni_trio.config.hooks import factory_kwarg_problems, hook_path_problems, import_problem
 from omni_trio.config.processes import RESTART_FIELDS, ProcessConfig, processes_problems
 from omni_trio.config.save import save_config
@@ -115,12 +115,12 @@ def validate(config: PipelineConfig) -> list[ConfigProblem]:
     problems += hook_path_problems("terminal_stages_fn", config.terminal_stages_fn)
     problems += checks.group_problems(config.stages)
     problems += hook_path_problems("replica_policy", config.replica_policy)
-    problems += checks.admission_problems(config.max_in_flight)
-    problems += checks.stream_delivery_problems(config.stream_delivery)
-    problems += checks.stream_admission_problems(config.stream_admission)
-    problems += checks.endpoints_problems(config.endpoints)
-    problems += checks.start_method_problems(config.start_method)
-    problems += checks.serve_problems(config.serve)
+    problems += setting_checks.admission_problems(config.max_in_flight)
+    problems += setting_checks.stream_delivery_problems(config.stream_delivery)
+    problems += setting_checks.stream_admission_problems(config.stream_admission)
+    problems += setting_checks.endpoints_problems(config.endpoints)
+    problems += setting_checks.start_method_problems(config.start_method)
+    problems += setting_checks.serve_problems(config.serve)
     groups = {s.process: {"replicas": s.replicas} for s in config.stages if s.process}
     problems += processes_problems(config.processes, groups)
     problems += checks.moved_restart_problems(config.stages, config.processes)

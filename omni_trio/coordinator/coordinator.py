@@ -14,7 +14,6 @@ caller holds a :class:`~omni_trio.coordinator.pipeline.Pipeline`, which offers t
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable, Collection
@@ -24,19 +23,18 @@ import outcome
 import trio
 
 from omni_trio.config import PipelineConfig
-from omni_trio.config.hooks import import_string
 from omni_trio.coordinator.aborts_under_way import AbortsUnderWay
 from omni_trio.coordinator.live_request import END_OF_STREAM, LiveRequest
 from omni_trio.coordinator.placement import Placement
 from omni_trio.coordinator.replicas import ReplicaDispatcher
 from omni_trio.coordinator.request_stream import RequestStream
+from omni_trio.coordinator.request_targets import RequestTargets, make_request
 from omni_trio.coordinator.send_pacing import SendPacing
-from omni_trio.coordinator.sessions import Session, session_targets
+from omni_trio.coordinator.sessions import Session
 from omni_trio.coordinator.stats import PipelineHealth, PipelineStats
 from omni_trio.coordinator.stream_admission import StreamAdmission
 from omni_trio.coordinator.stream_backlog import StreamBacklog, event_bytes
 from omni_trio.errors import (
-    QUEUE_FULL_TEXT,
     DuplicateRequestId,
     PipelineClosed,
     QueueFullError,
@@ -48,7 +46,7 @@ from omni_trio.errors import (
     describe_error,
 )
 from omni_trio.events import CompleteMessage, StreamMessage
-from omni_trio.payload import OmniRequest, StagePayload
+from omni_trio.payload import StagePayload
 from omni_trio.scheduling.session_operation import SessionOperation
 from omni_trio.tracing.trace import Tracer, get_logger
 
@@ -67,12 +65,7 @@ class Coordinator:
         replicas: ReplicaDispatcher | None = None,
     ) -> None:
         self._entry = config.entry
-        self._stage_names = frozenset(stage.name for stage in config.stages)
-        self._replicated = frozenset(stage.name for stage in config.stages if stage.replicas > 1)
-        self._terminals = frozenset(config.terminal_stages)
-        self._terminals_fn: Callable[[OmniRequest], Any] | None = (
-            None if config.terminal_stages_fn is None else import_string(config.terminal_stages_fn)
-        )
+        self._targets = RequestTargets(config)
         self._placement = placement
         self._tracer = tracer
         self._nursery = nursery
@@ -114,12 +107,7 @@ class Coordinator:
                 f"request {request_id!r} refused: {len(self._live)} requests are in flight "
                 f"(max_in_flight={self._max_in_flight}); retry when one finishes"
             )
-        if isinstance(inputs, OmniRequest):
-            if params is not None or metadata is not None:
-                raise ValueError("pass params and metadata inside the OmniRequest, not beside it")
-            request = inputs
-        else:
-            request = OmniRequest(inputs, dict(params or {}), dict(metadata or {}))
+        request = make_request(inputs, params, metadata)
         if deadline is not None and not deadline > 0:
             raise ValueError(f"deadline must be a positive number of seconds, got {deadline!r}")
         session = SessionOperation.from_request(request)
@@ -127,12 +115,7 @@ class Coordinator:
         playback = streaming and session is None
         if playback:
             self._admit_stream(request_id)
-        if session is None:
-            entry_stages: tuple[str, ...] = (self._entry,)
-            expected = self._expected_terminals(request)
-        else:
-            entry_stages, completing = session_targets(session, self._stage_names, self._replicated)
-            expected = frozenset(completing)
+        entry_stages, expected = self._targets.of(request, session)
         live = LiveRequest(request_id, request, expected, streaming, session=session, entry_stages=entry_stages)
         if self._replicas is not None:
             self._replicas.bind(request_id, request)
@@ -163,20 +146,6 @@ class Coordinator:
         """The reader of ``live``'s stream sent ``seconds`` of playback (see ``RequestStream.declare_playback``)."""
         if not live.done.is_set():
             self._stream_admission.declared(live.request_id, trio.current_time(), seconds)
-
-    def _expected_terminals(self, request: OmniRequest) -> frozenset[str]:
-        if self._terminals_fn is None:
-            return self._terminals
-        answer = self._terminals_fn(request)
-        if answer is None:
-            return self._terminals
-        chosen = frozenset([answer] if isinstance(answer, str) else answer)
-        if not chosen or not chosen <= self._terminals:
-            raise ValueError(
-                f"terminal_stages_fn returned {sorted(chosen)!r}; it must be a non-empty subset of "
-                f"the terminal stages {sorted(self._terminals)!r}"
-            )
-        return chosen
 
     async def _send_or_fail(self, live: LiveRequest) -> None:
         """Send the request's submits; a failure to send (a payload over ``slot_size_mb``, a tensor that
@@ -347,20 +316,7 @@ class Coordinator:
 
     def _fail_idlest_streams(self) -> None:
         for live in self._backlog.to_fail():
-            unread = live.backlog_bytes
-            with contextlib.suppress(trio.WouldBlock):
-                while True:
-                    live.received.receive_nowait()
-            self._backlog.dropped(live)
-            error = RequestQueueFull(
-                live.request_id,
-                "coordinator",
-                f"{QUEUE_FULL_TEXT} Its stream's unread events ({unread} bytes) were dropped: the streams waiting "
-                f"for their readers held more than stream_delivery.max_total_backlog_bytes "
-                f"({self._backlog.limit_bytes}), and its reader had been idle longest",
-            )
-            log.warning("stream_backlog_exceeded", request_id=live.request_id, unread_bytes=unread,
-                        limit_bytes=self._backlog.limit_bytes)
+            error = self._backlog.fail(live)
             if live.done.is_set():
                 self._queue(live, error, 0)  # resolved already: its reader gets the failure instead of the rest
             else:

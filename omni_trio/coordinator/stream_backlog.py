@@ -16,10 +16,17 @@ counted, not timed: a reader that took an event more recently is the more active
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import trio
+
 from omni_trio.coordinator.live_request import LiveRequest
+from omni_trio.errors import QUEUE_FULL_TEXT, RequestQueueFull
 from omni_trio.payload import StagePayload
+from omni_trio.tracing.trace import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["StreamBacklog", "event_bytes"]
 
@@ -95,6 +102,23 @@ class StreamBacklog:
             chosen.append(live)
             excess -= live.backlog_bytes
         return chosen
+
+    def fail(self, live: LiveRequest) -> RequestQueueFull:
+        """Drop ``live``'s queued events (one of :meth:`to_fail`'s) and say why, as the error its reader gets."""
+        unread = live.backlog_bytes
+        with contextlib.suppress(trio.WouldBlock):
+            while True:
+                live.received.receive_nowait()
+        self.dropped(live)
+        log.warning("stream_backlog_exceeded", request_id=live.request_id, unread_bytes=unread,
+                    limit_bytes=self.limit_bytes)
+        return RequestQueueFull(
+            live.request_id,
+            "coordinator",
+            f"{QUEUE_FULL_TEXT} Its stream's unread events ({unread} bytes) were dropped: the streams waiting "
+            f"for their readers held more than stream_delivery.max_total_backlog_bytes "
+            f"({self.limit_bytes}), and its reader had been idle longest",
+        )
 
     def _forget(self, live: LiveRequest, nbytes: int) -> None:
         if not nbytes:
