@@ -13,6 +13,7 @@ of those. A request with nothing queued ahead of it starts at once; one resolved
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import trio
@@ -59,13 +60,14 @@ class SendPacing:
                 return
         self._waiting[key] = trio.lowlevel.current_task()
         self._wake_soon()
+        # A partial, not a closure: thousands of waiters may be parked, each object is walked by the GC.
+        await trio.lowlevel.wait_task_rescheduled(functools.partial(self._cancelled, key))
 
-        def cancelled(_: object) -> trio.lowlevel.Abort:
-            if self._waiting.pop(key, None) is None:
-                del self._leaving[key]
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(cancelled)
+    def _cancelled(self, key: object, _: object) -> trio.lowlevel.Abort:
+        # A waiter cancelled in its queue (or among the leavers) goes, turn unused.
+        if self._waiting.pop(key, None) is None:
+            del self._leaving[key]
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def leave(self, key: object) -> None:
         """``key`` needs no turn any more (its request was resolved): its waiter goes on soon, without one.

@@ -59,6 +59,35 @@ async def test_abort_during_fan_in_wait_and_compute(placement: str) -> None:
             assert result == {"fast": ["go", "split", "fast"], "slow": ["slow"]}
 
 
+async def test_an_abort_called_from_a_cancelled_scope_still_completes(placement: str) -> None:
+    # abort() is shielded: its caller's cancellation neither interrupts it nor leaves the request
+    # half-aborted (the request's stage still holds it otherwise).
+    config = build(placement, stage("slow", "create_block_until_aborted", terminal=True))
+    with trio.fail_after(30):
+        async with ot.open_pipeline(config) as pipeline:
+            outcome: list[BaseException] = []
+
+            async def submit() -> None:
+                try:
+                    await pipeline.submit("r0", "go")
+                except ot.RequestAborted as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(submit)
+
+                async def computing() -> bool:
+                    return (await pipeline.stats()).stages["slow"].active_requests == 1
+
+                await wait_until(computing)
+                with trio.CancelScope() as scope:
+                    scope.cancel()
+                    accepted = await pipeline.abort("r0")
+                assert accepted is True and not scope.cancelled_caught
+            assert [exc.request_id for exc in outcome] == ["r0"]
+            assert (await pipeline.stats()).idle
+
+
 async def test_abort_unknown_or_finished_request_returns_false(placement: str) -> None:
     config = build(placement, stage("a", "create_append", factory={"tag": "a"}, terminal=True))
     with trio.fail_after(30):
