@@ -185,7 +185,9 @@ class Coordinator:
         live = self._admit(request_id, inputs, params, metadata, streaming=False, deadline=deadline)
         try:
             await self._send_or_fail(live)
-            await live.done.wait()
+            if live.sent or not live.done.is_set():
+                await live.done.wait()
+            # else: resolved while it waited for its turn (a checkpoint): no second pass to learn that
         finally:
             # Shielded, and only where there is something to wait for (a cancel scope per request
             # is a measurable share of an abort storm's passes).
@@ -275,8 +277,9 @@ class Coordinator:
         """Resolve ``live`` with ``error`` and abort it everywhere, then wait until that is done, shielded:
         an abort goes on whatever happens to the task that asked for it."""
         done = self._abort_now(live, error)
-        if done.is_set():  # it never left: nothing to wait for, so no cancel scope either
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        if done.is_set():
+            # It never left this process: its abort is complete, so return without a schedule point (a
+            # burst of aborts due together would each wait for the rest of the burst's pass otherwise).
             return
         with trio.CancelScope(shield=True):
             await done.wait()

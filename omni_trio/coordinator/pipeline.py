@@ -80,7 +80,12 @@ class Pipeline:
         )
 
     async def abort(self, request_id: str) -> bool:
-        """Abort a live request everywhere; False if it is unknown or already finished."""
+        """Abort a live request everywhere; False if it is unknown or already finished.
+
+        It returns once every stage dropped the request (or after 5 s, for a worker that stopped
+        answering). A request still waiting in the caller for its turn to be sent is in no stage:
+        its abort is done within the call.
+        """
         return await self._coordinator.abort(request_id)
 
     def session(self, session_id: str, *, stages: list[str]) -> Session:
