@@ -8,11 +8,19 @@ their last chunk is made, so every request joins the very next step and nothing 
 anywhere. The time from a request's arrival to its first chunk is then the least any runtime can
 achieve at that load: no process hops, no queues, no join wait. Printed per load: that first-audio
 time, p50 and max (ms), over ``--rounds`` utterances per client.
+
+``--random-phase``: each request arrives at a random moment of the step that is running (uniformly),
+and joins the step after it. That is where the requests of closed-loop clients arrive once the
+clients are out of step with each other, as they are in any runtime: a client's next request comes
+a round trip after its last chunk was made, while the other streams keep the talker stepping, and
+no runtime can add a request to a step already running. Its first audio then waits out the rest of
+that step: the floor of a busy talker's first audio.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -22,9 +30,13 @@ import torch
 from benchmarks.serving_model import StepCost, TalkerState, TalkerStep, VocoderModel
 
 
-def floor_ms(concurrency: int, rounds: int, frames: int, cost: StepCost) -> list[float]:
-    """First-audio times (ms) of ``concurrency`` closed-loop clients, ``rounds`` utterances each."""
+def floor_ms(
+    concurrency: int, rounds: int, frames: int, cost: StepCost, *, random_phase: bool = False, seed: int = 0
+) -> list[float]:
+    """First-audio times (ms) of ``concurrency`` closed-loop clients, ``rounds`` utterances each (with
+    ``random_phase``, each arrival at a random moment of the step before the one it joins)."""
     step, vocoder = TalkerStep(cost), VocoderModel()
+    rng = random.Random(seed)
     arrived: dict[str, float] = {}
     firsts: list[float] = []
     left = dict.fromkeys(range(concurrency), rounds)
@@ -32,7 +44,9 @@ def floor_ms(concurrency: int, rounds: int, frames: int, cost: StepCost) -> list
 
     def arrive(client: int) -> None:
         request_id = f"c{client}-{left[client]}"
-        arrived[request_id] = time.perf_counter()
+        # Out of phase, it came while the step before this one ran, and waited out the rest of it.
+        waited = rng.random() * cost.seconds(concurrency) if random_phase else 0.0
+        arrived[request_id] = time.perf_counter() - waited
         batch.append(TalkerState(request_id, frames))
 
     for client in range(concurrency):
@@ -59,13 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=StepCost().base_ms)
     parser.add_argument("--step-ms-per-request", type=float, default=StepCost().per_request_ms)
+    parser.add_argument("--random-phase", action="store_true",
+                        help="each request arrives at a random moment of a running step (see the module docstring)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cost = StepCost(args.step_ms, args.step_ms_per_request)
     for concurrency in (int(value) for value in args.concurrency.split(",")):
-        firsts = floor_ms(concurrency, args.rounds, args.frames, cost)
+        firsts = floor_ms(concurrency, args.rounds, args.frames, cost, random_phase=args.random_phase)
+        p99 = statistics.quantiles(firsts, n=100, method="inclusive")[98] if len(firsts) > 1 else firsts[0]
         print(f"{concurrency:>3} streams: first audio p50 {statistics.median(firsts):.1f} ms, "
-              f"max {max(firsts):.1f} ms (a step: {cost.seconds(concurrency) * 1000:.1f} ms)")
+              f"p99 {p99:.1f} ms, max {max(firsts):.1f} ms (a step: {cost.seconds(concurrency) * 1000:.1f} ms)")
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,16 @@ def test_the_floor_times_every_utterance_from_its_arrival() -> None:
     # Every utterance of every client, each at least the one step (5 ms at 3) that makes its first frame.
     assert len(firsts) == 6
     assert all(first >= cost.seconds(3) * 1000 for first in firsts), firsts
+
+
+def test_the_random_phase_floor_adds_the_wait_for_a_running_step() -> None:
+    # Seeded: the six arrivals wait 0.84, 0.76, 0.42, 0.26, 0.51 and 0.40 of a step (mean 0.53).
+    cost = StepCost(base_ms=20.0, per_request_ms=1.0)
+    step_ms = cost.seconds(3) * 1000
+    plain = floor_ms(concurrency=3, rounds=2, frames=2, cost=cost)
+    out_of_phase = floor_ms(concurrency=3, rounds=2, frames=2, cost=cost, random_phase=True, seed=0)
+    assert len(out_of_phase) == 6 and all(first >= step_ms for first in out_of_phase), out_of_phase
+    assert statistics.mean(out_of_phase) - statistics.mean(plain) >= 0.4 * step_ms, (plain, out_of_phase)
 
 
 def test_quick_serving_run_end_to_end(tmp_path: Path) -> None:
