@@ -34,6 +34,7 @@ from typing import Any
 import trio
 
 import omni_trio as ot
+from benchmarks.measure import FullCollections
 from omni_trio.config import PipelineConfig, StageConfig
 from omni_trio.payload import StagePayload
 from omni_trio.scheduling import SimpleScheduler
@@ -76,28 +77,6 @@ def chain(record: str) -> PipelineConfig:
             StageConfig(name="back", process="p_back", factory_path=f"{M}.create_pass", terminal=True),
         ],
     )
-
-
-class FullCollections:
-    """A ``gc.callbacks`` hook: when each full (generation 2) collection of this process began, and how long it took."""
-
-    def __init__(self) -> None:
-        self.began: list[float] = []
-        self.pauses_ms: list[float] = []
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._start = time.monotonic()
-        else:
-            self.began.append(self._start)
-            self.pauses_ms.append((time.monotonic() - self._start) * 1000)
-
-    def count_between(self, first: float, last: float) -> int:
-        """How many full collections began between the monotonic times ``first`` and ``last``."""
-        return sum(1 for began in self.began if first <= began <= last)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -23,40 +23,35 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import trio
 
 import omni_trio as ot
 from benchmarks import stages as bench_stages
-from benchmarks.measure import descendant_pids
+from benchmarks.measure import FullCollections, descendant_pids
 
 #: Where each worker appends its full collections (set by main() before the workers start).
 PAUSES_DIR = "OMNI_TRIO_GC_PAUSES_DIR"
 
 
-class _FullCollections:
-    """A ``gc.callbacks`` hook: appends ``<ms>`` for each generation-2 collection to ``<dir>/<pid>``."""
+class _FullCollectionsToFile(FullCollections):
+    """Appends ``<ms> <objects frozen>`` for each full collection to ``<dir>/<pid>`` (the workers' are
+    read back by the caller)."""
 
     def __init__(self, directory: str) -> None:
+        super().__init__()
         self._directory = directory
-        self._started = 0
 
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._started = time.perf_counter_ns()
-            return
-        took_ms = (time.perf_counter_ns() - self._started) / 1e6
+    def record(self, began: float, pause_ms: float) -> None:
+        """Append the pause to this process's file."""
         with open(os.path.join(self._directory, str(os.getpid())), "a", encoding="utf-8") as out:
-            out.write(f"{took_ms:.3f} {gc.get_freeze_count()}\n")
+            out.write(f"{pause_ms:.3f} {gc.get_freeze_count()}\n")
 
 
 def _hook_this_process() -> None:
     directory = os.environ.get(PAUSES_DIR)
-    if directory and not any(isinstance(cb, _FullCollections) for cb in gc.callbacks):
-        gc.callbacks.append(_FullCollections(directory))
+    if directory and not any(isinstance(cb, _FullCollectionsToFile) for cb in gc.callbacks):
+        gc.callbacks.append(_FullCollectionsToFile(directory))
 
 
 def create_chunk_talker(chunks: int = 1000) -> bench_stages.ChunkTalker:
@@ -113,7 +108,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryDirectory() as directory:
         os.environ[PAUSES_DIR] = directory
-        caller_hook = _FullCollections(directory)
+        caller_hook = _FullCollectionsToFile(directory)
         gc.callbacks.append(caller_hook)
         try:
             walls, memory = trio.run(_run, args.requests, args.chunks)

@@ -1,5 +1,6 @@
 """Measurement helpers shared by the benchmarks (:mod:`benchmarks.run`, :mod:`benchmarks.sglang`):
-latency percentiles, a process tree's CPU ticks, the cost of an in-process tensor copy."""
+latency percentiles, a process tree's CPU ticks, the cost of an in-process tensor copy, the pauses of
+full garbage collections."""
 
 from __future__ import annotations
 
@@ -11,12 +12,47 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["W5_REQUESTS", "copy_costs", "descendant_pids", "percentiles_ms", "proc_cpu_ticks", "time_streams"]
+__all__ = [
+    "W5_REQUESTS",
+    "FullCollections",
+    "copy_costs", "descendant_pids",
+    "percentiles_ms",
+    "proc_cpu_ticks",
+    "time_streams",
+]
 
 #: W5's timed requests after its warm-up, on either runtime (``--quick``: 2). Its throughput and its
 #: first chunk are medians over them; a first chunk swings by a millisecond from request to request,
 #: so a median of 5 moved by as much from run to run.
 W5_REQUESTS = 20
+
+
+class FullCollections:
+    """A ``gc.callbacks`` hook: when each full (generation 2) collection of this process began
+    (``time.monotonic()``) and how long it took; :meth:`record` keeps them (override it to put them
+    elsewhere)."""
+
+    def __init__(self) -> None:
+        self.began: list[float] = []
+        self.pauses_ms: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.monotonic()
+        else:
+            self.record(self._start, (time.monotonic() - self._start) * 1000)
+
+    def record(self, began: float, pause_ms: float) -> None:
+        """One full collection: it began at ``began`` and stopped the process for ``pause_ms``."""
+        self.began.append(began)
+        self.pauses_ms.append(pause_ms)
+
+    def count_between(self, first: float, last: float) -> int:
+        """How many full collections began between the monotonic times ``first`` and ``last``."""
+        return sum(1 for began in self.began if first <= began <= last)
 
 
 def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
