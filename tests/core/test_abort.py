@@ -31,19 +31,20 @@ async def wait_until(predicate: object) -> None:
         await trio.testing.wait_all_tasks_blocked()
 
 
+async def submit_until_aborted(pipeline: ot.Pipeline, request_id: str, aborts: list[ot.RequestAborted]) -> None:
+    """Submit ``request_id``; its ``RequestAborted`` goes into ``aborts``."""
+    try:
+        await pipeline.submit(request_id, "go")
+    except ot.RequestAborted as exc:
+        aborts.append(exc)
+
+
 async def test_abort_during_fan_in_wait_and_compute(placement: str) -> None:
     with trio.fail_after(30):
         async with ot.open_pipeline(fan_in_with_slow_branch(placement)) as pipeline:
-            outcome: list[BaseException] = []
-
-            async def submit() -> None:
-                try:
-                    await pipeline.submit("r0", "go")
-                except ot.RequestAborted as exc:
-                    outcome.append(exc)
-
+            outcome: list[ot.RequestAborted] = []
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(submit)
+                nursery.start_soon(submit_until_aborted, pipeline, "r0", outcome)
 
                 async def fan_in_pending() -> bool:
                     return (await pipeline.stats()).stages["join"].pending_fan_in == 1
@@ -65,16 +66,9 @@ async def test_an_abort_called_from_a_cancelled_scope_still_completes(placement:
     config = build(placement, stage("slow", "create_block_until_aborted", terminal=True))
     with trio.fail_after(30):
         async with ot.open_pipeline(config) as pipeline:
-            outcome: list[BaseException] = []
-
-            async def submit() -> None:
-                try:
-                    await pipeline.submit("r0", "go")
-                except ot.RequestAborted as exc:
-                    outcome.append(exc)
-
+            outcome: list[ot.RequestAborted] = []
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(submit)
+                nursery.start_soon(submit_until_aborted, pipeline, "r0", outcome)
 
                 async def computing() -> bool:
                     return (await pipeline.stats()).stages["slow"].active_requests == 1
