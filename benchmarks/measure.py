@@ -15,7 +15,8 @@ from typing import Any
 __all__ = [
     "W5_REQUESTS",
     "FullCollections",
-    "copy_costs", "descendant_pids",
+    "copy_costs",
+    "descendant_pids",
     "percentiles_ms",
     "proc_cpu_ticks",
     "time_streams",

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 
 import torch
 
+from benchmarks.measure import percentiles_ms
 from benchmarks.serving_model import StepCost, TalkerState, TalkerStep, VocoderModel
 
 
@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     cost = StepCost(args.step_ms, args.step_ms_per_request)
     for concurrency in (int(value) for value in args.concurrency.split(",")):
         firsts = floor_ms(concurrency, args.rounds, args.frames, cost, random_phase=args.random_phase)
-        p99 = statistics.quantiles(firsts, n=100, method="inclusive")[98] if len(firsts) > 1 else firsts[0]
-        print(f"{concurrency:>3} streams: first audio p50 {statistics.median(firsts):.1f} ms, "
-              f"p99 {p99:.1f} ms, max {max(firsts):.1f} ms (a step: {cost.seconds(concurrency) * 1000:.1f} ms)")
+        ranks = percentiles_ms([first / 1000 for first in firsts])
+        step_ms = cost.seconds(concurrency) * 1000
+        print(f"{concurrency:>3} streams: first audio p50 {ranks['p50_ms']:.1f} ms, "
+              f"p99 {ranks['p99_ms']:.1f} ms, max {max(firsts):.1f} ms (a step: {step_ms:.1f} ms)")
     return 0
 
 
